@@ -1,0 +1,39 @@
+"""`rulectl`: the command line of the platform.
+
+Each subcommand lives in `spark_jobs.commands.<name>` with a `register(subparsers)`
+function, so commands stay small and independent. Exit codes follow the usual
+convention: 0 success, 1 the input is invalid / the check failed, 2 usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+COMMANDS = ["validate", "schema", "backtest", "broker", "publish", "detect", "history", "up", "demo"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rulectl", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"spark_jobs.commands.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"spark_jobs.commands.{name}":
+                continue  # command not shipped in this build
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

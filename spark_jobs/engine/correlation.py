@@ -1,0 +1,140 @@
+"""Correlation rules in batch: primaries judged against context for the same key.
+
+Primaries and context records are unioned per (rule, key) and ordered by time; one
+range frame [t - lookback, t] per primary yields the latest context (`last`, as the
+max of (ts, seq, value) structs) or the mean/std/count. Because the backtest sees all
+context regardless of arrival order, a primary that arrived before its context is
+judged against it, which is what the live job reaches by holding such primaries.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+
+from spark_jobs.engine.conditions import compare
+from spark_jobs.engine.emits import extra, json_member, json_number, json_string, select_emits
+from spark_jobs.engine.events import dead_letters
+from spark_jobs.engine.values import as_number, field, field_key, field_number, field_timestamp_ms, json_text
+from spark_jobs.rules.model import CorrelationRule
+
+_ORDER = {">": "__gt__", "<": "__lt__", ">=": "__ge__", "<=": "__le__", "==": "__eq__", "!=": "__ne__"}
+
+
+@dataclass
+class CorrelationOutput:
+    emits: DataFrame
+    dead: DataFrame
+    primaries: DataFrame  # counted for the summary ("events evaluated")
+
+
+def _primaries(source: DataFrame, rule: CorrelationRule) -> tuple[DataFrame, DataFrame]:
+    v = F.col("v")
+    ev_val = field_number(v, rule.event_value_field) if rule.event_value_field else F.lit(None).cast("double")
+    p = source.select(
+        "topic", "seq", "raw",
+        field_key(v, rule.correlation_key).alias("k"),
+        field_timestamp_ms(v, rule.timestamp_field).alias("ts_ms"),
+        ev_val.alias("ev"),
+    ).filter(F.col("k").isNotNull())
+    dead = dead_letters(
+        p.filter(F.col("ts_ms").isNull()),
+        F.lit(f"missing or unparseable timestamp field {rule.timestamp_field!r} needed by correlation rule"),
+        rule.rule_id,
+    )
+    return p.filter(F.col("ts_ms").isNotNull()), dead
+
+
+def _context(events: DataFrame, rule: CorrelationRule) -> DataFrame:
+    v = F.col("v")
+    c = events.filter(F.col("topic") == rule.context_topic)
+    if rule.context_type_field is not None:
+        c = c.filter(compare(field(v, rule.context_type_field), "==", rule.context_type_value))
+    cval = field(v, rule.context_value_field)
+    c = c.select(
+        "seq",
+        field_key(v, rule.correlation_key).alias("k"),
+        field_timestamp_ms(v, rule.timestamp_field).alias("ts_ms"),
+        as_number(cval).alias("cnum"),
+        json_text(cval).alias("cjson"),
+        F.col("raw").alias("craw"),
+    ).filter(F.col("k").isNotNull() & F.col("ts_ms").isNotNull() & F.col("cjson").isNotNull())
+    if rule.context_resolution != "last" or rule.metric != "direct":
+        c = c.filter(F.col("cnum").isNotNull())
+    return c
+
+
+def _resolve(union: DataFrame, rule: CorrelationRule) -> DataFrame:
+    w = Window.partitionBy("k").orderBy("ts_ms").rangeBetween(-rule.lookback_ms, 0)
+    is_ctx = F.col("is_ctx")
+    if rule.context_resolution == "last":
+        latest = F.max(F.when(is_ctx, F.struct("ts_ms", "seq", "cnum", "cjson", "craw"))).over(w)
+        return union.withColumn("_c", latest).select(
+            "*",
+            F.col("_c.cnum").alias("ctx_num"),
+            F.col("_c.cjson").alias("ctx_json"),
+            F.col("_c.craw").alias("ctx_record"),
+            F.col("_c").isNotNull().alias("has_ctx"),
+        )
+    n = F.count(F.when(is_ctx, F.col("cnum"))).over(w)
+    mean = F.avg(F.when(is_ctx, F.col("cnum"))).over(w)
+    std = F.stddev_pop(F.when(is_ctx, F.col("cnum"))).over(w)
+    out = union.select("*", n.alias("ctx_count"), mean.alias("ctx_num"), std.alias("ctx_std"))
+    record = F.to_json(F.struct(F.col("ctx_num").alias("mean"), F.col("ctx_std").alias("std"), F.col("ctx_count").alias("count")))
+    return out.select(
+        "*",
+        json_number(F.col("ctx_num")).alias("ctx_json"),
+        record.alias("ctx_record"),
+        (F.col("ctx_count") >= F.lit(rule.min_context_points)).alias("has_ctx"),
+    )
+
+
+def _metric(rule: CorrelationRule) -> Column:
+    ev, ctx = F.col("ev"), F.col("ctx_num")
+    if rule.metric == "ratio_deviation":
+        return F.when(ctx != 0, F.abs(ev / ctx - F.lit(1.0)))
+    if rule.metric == "difference":
+        return ev - ctx
+    if rule.metric == "z_score":
+        return F.when(F.col("ctx_std") != 0, (ev - ctx) / F.col("ctx_std"))
+    return ctx
+
+
+def _matches(rule: CorrelationRule) -> Column:
+    op, value = rule.condition.operator, rule.condition.value
+    if rule.metric == "direct" and rule.context_resolution == "last":
+        # The context value itself may be a string (`country == "RU"`): compare JSON values.
+        return compare(F.try_parse_json(F.col("ctx_json")), op, value)
+    metric = F.col("metric_value")
+    return F.coalesce(metric.isNotNull() & getattr(metric, _ORDER[op])(F.lit(float(value))), F.lit(False))
+
+
+def correlation_rule(events: DataFrame, rule: CorrelationRule, primaries_from: DataFrame | None) -> CorrelationOutput:
+    """Evaluate one correlation rule; `primaries_from` replaces the source topic's events
+    when the rule takes its primaries from a velocity rule (velocity_filter_rule_id)."""
+    source = events.filter(F.col("topic") == rule.source_topic) if primaries_from is None else primaries_from
+    prim, dead = _primaries(source, rule)
+    ctx = _context(events, rule)
+    null_s, null_d = F.lit(None).cast("string"), F.lit(None).cast("double")
+    union = prim.select(
+        "k", "ts_ms", "seq", F.lit(False).alias("is_ctx"), "topic", "raw", "ev",
+        null_d.alias("cnum"), null_s.alias("cjson"), null_s.alias("craw"),
+    ).unionByName(
+        ctx.select(
+            "k", "ts_ms", "seq", F.lit(True).alias("is_ctx"), null_s.alias("topic"), null_s.alias("raw"),
+            null_d.alias("ev"), "cnum", "cjson", "craw",
+        )
+    )
+    resolved = _resolve(union, rule).filter(~F.col("is_ctx") & F.col("has_ctx"))
+    judged = resolved.withColumn("metric_value", _metric(rule)).filter(_matches(rule))
+    members = [
+        json_member("context_value", F.col("ctx_json")),
+        json_member("metric", json_string(F.lit(rule.metric))),
+        json_member("metric_value", json_number(F.col("metric_value"))),
+    ]
+    if rule.emit_mode in ("context", "both"):
+        members.append(json_member("context", F.col("ctx_record")))
+    emits = select_emits(judged, rule, F.col("ts_ms"), extra(*members))
+    return CorrelationOutput(emits, dead, prim)

@@ -1,0 +1,55 @@
+"""Emits -> detection records (the sink contract of DESIGN.md).
+
+A detection is the original event's JSON with the rule's members appended, so every
+field of the event survives byte for byte (nested objects, number formatting) without
+a schema. The detection_id hashes what identifies the decision: rule, rule version,
+topic and the event text. Replays and restarts of the same input give the same ids,
+so downstream consumers can de-duplicate.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from spark_jobs.engine.emits import json_member, json_string
+
+DETECTION_COLUMNS = ["detection_id", "rule_id", "rule_version", "rule_type", "topic", "seq", "ts_ms", "value"]
+_SEP = "\u001f"
+
+
+def detection_id(rule_id: Column, version: Column, topic: Column, raw: Column) -> Column:
+    return F.substring(F.sha2(F.concat_ws(_SEP, rule_id, version, topic, raw), 256), 1, 32)
+
+
+def processed_now() -> Column:
+    """ISO-8601 UTC time of the decision (the micro-batch or backtest run time)."""
+    return F.date_format(F.current_timestamp(), "yyyy-MM-dd'T'HH:mm:ss.SSS'Z'")
+
+
+def render(emits: DataFrame, processed: Column | None = None) -> DataFrame:
+    """EMIT_COLUMNS -> DETECTION_COLUMNS, `value` being the detection JSON text."""
+    did = detection_id(F.col("rule_id"), F.col("rule_version"), F.col("topic"), F.col("raw"))
+    processed = processed if processed is not None else processed_now()
+    members = F.concat_ws(
+        ",",
+        json_member("rule_id", json_string(F.col("rule_id"))),
+        json_member("rule_version", json_string(F.col("rule_version"))),
+        json_member("rule_type", json_string(F.col("rule_type"))),
+        F.when(F.col("rule_name").isNotNull(), json_member("rule_name", json_string(F.col("rule_name")))),
+        json_member("processed", json_string(processed)),
+        json_member("detection_id", json_string(F.col("_did"))),
+        F.when(F.col("extra") != F.lit(""), F.col("extra")),
+    )
+    body = F.regexp_replace(F.col("raw"), r"\}\s*$", "")
+    empty_object = F.regexp_replace(body, r"\s", "") == F.lit("{")
+    value = F.concat(body, F.when(empty_object, F.lit("")).otherwise(F.lit(",")), F.col("_members"), F.lit("}"))
+    return (
+        emits.withColumn("_did", did)
+        .withColumn("_members", members)
+        .select(
+            F.col("_did").alias("detection_id"),
+            "rule_id", "rule_version", "rule_type", "topic", "seq", "ts_ms",
+            value.alias("value"),
+        )
+    )

@@ -1,0 +1,294 @@
+"""Small, honest helpers over confluent-kafka's AdminClient and Consumer.
+
+Everything here assigns partitions explicitly and tracks offsets itself: consumer-group
+subscription is slow on the embedded broker (tansu), and a reader that knows exactly
+which offsets it wants never needs a group anyway.
+
+One broker quirk shapes this module: tansu answers ListOffsets(latest) with the base
+offset of the partition's *last record batch* + 1, not with the true end of the log, so
+after a burst of batched produces the "high watermark" it reports can be hundreds of
+records short. Fetch responses carry the correct high watermark. `end_offsets` therefore
+verifies every non-empty partition with one small fetch of its last known record; on
+Apache Kafka that check is a cheap no-op, on tansu it is what makes "read everything up
+to the end" actually read everything.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+# librdkafka timestamp types -> Spark's `timestampType` column (Kafka's TimestampType ids).
+SPARK_TIMESTAMP_TYPE = {0: -1, 1: 0, 2: 1}
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    """How to create one topic: partition count and topic configs (e.g. cleanup.policy)."""
+
+    partitions: int = 1
+    config: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class KafkaRecord:
+    """One record as stored on the broker; value/key stay bytes (None for null)."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    timestamp_ms: int
+    timestamp_type: int
+    headers: tuple[tuple[str, bytes | None], ...] = ()
+
+    def header(self, name: str) -> bytes | None:
+        """The last header called `name`, or None."""
+        found = None
+        for k, v in self.headers:
+            if k == name:
+                found = v
+        return found
+
+
+def admin_client(bootstrap: str, extra: Mapping[str, str] | None = None) -> AdminClient:
+    return AdminClient({"bootstrap.servers": bootstrap, **(extra or {})})
+
+
+def assign_consumer(bootstrap: str, extra: Mapping[str, object] | None = None) -> Consumer:
+    """A consumer meant for `assign()` only: no group offsets are committed or read.
+
+    librdkafka still wants a group.id; a random one keeps readers from ever sharing
+    (and rebalancing) a group by accident.
+    """
+    conf: dict[str, object] = {
+        "bootstrap.servers": bootstrap,
+        "group.id": f"rules-platform-assign-{uuid.uuid4().hex[:12]}",
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": "earliest",
+        "enable.partition.eof": False,
+    }
+    conf.update(extra or {})
+    return Consumer(conf)
+
+
+def list_topics(bootstrap: str, timeout: float = 10.0) -> dict[str, list[int]]:
+    """topic -> sorted partition ids, for every topic the broker knows (internal ones skipped)."""
+    md = admin_client(bootstrap).list_topics(timeout=timeout)
+    return {
+        name: sorted(t.partitions)
+        for name, t in md.topics.items()
+        if t.error is None and not name.startswith("__")
+    }
+
+
+def topic_partitions(bootstrap: str, topic: str, timeout: float = 10.0) -> list[int]:
+    """Partition ids of `topic`; empty when the topic does not exist (yet)."""
+    return list_topics(bootstrap, timeout).get(topic, [])
+
+
+def create_topics(
+    bootstrap: str,
+    topics: Mapping[str, TopicSpec] | Iterable[str],
+    timeout: float = 15.0,
+) -> list[str]:
+    """Create the topics that do not exist yet; returns the names actually created.
+
+    Idempotent: an existing topic is left as it is (its partition count is not changed).
+    A topic config the broker rejects is dropped and the topic created without it,
+    because a missing `cleanup.policy=compact` degrades retention, while a missing
+    topic stops the platform.
+    """
+    specs = dict(topics) if isinstance(topics, Mapping) else {t: TopicSpec() for t in topics}
+    admin = admin_client(bootstrap)
+    existing = set(admin.list_topics(timeout=timeout).topics)
+    created: list[str] = []
+    for name, spec in specs.items():
+        if name in existing:
+            continue
+        if _create_one(admin, name, spec, timeout):
+            created.append(name)
+    _wait_for_topics(admin, list(specs), timeout)
+    return created
+
+
+def _create_one(admin: AdminClient, name: str, spec: TopicSpec, timeout: float) -> bool:
+    """Create one topic; False when it already existed. Retries once without configs."""
+    attempts = [dict(spec.config), {}] if spec.config else [{}]
+    last_exc: Exception | None = None
+    for config in attempts:
+        new = NewTopic(name, num_partitions=spec.partitions, replication_factor=1, config=config)
+        future = admin.create_topics([new], operation_timeout=timeout, request_timeout=timeout)[name]
+        try:
+            future.result(timeout=timeout)
+            return True
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            if isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                return False
+            last_exc = exc
+    raise RuntimeError(f"cannot create topic {name!r}: {last_exc}") from last_exc
+
+
+def _wait_for_topics(admin: AdminClient, names: list[str], timeout: float) -> None:
+    """Block until metadata lists every topic, so the caller can produce right away."""
+    deadline = time.monotonic() + timeout
+    while True:
+        md = admin.list_topics(timeout=timeout)
+        missing = [n for n in names if n not in md.topics or md.topics[n].error is not None]
+        if not missing:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"topics not visible after creation: {missing}")
+        time.sleep(0.05)
+
+
+def listed_watermarks(
+    consumer: Consumer, tps: Iterable[tuple[str, int]], timeout: float = 10.0
+) -> dict[tuple[str, int], tuple[int, int]]:
+    """(low, high) per partition as ListOffsets reports them (high may lag on tansu)."""
+    return {
+        (t, p): tuple(consumer.get_watermark_offsets(TopicPartition(t, p), timeout=timeout))
+        for t, p in tps
+    }
+
+
+def end_offsets(
+    consumer: Consumer,
+    tps: Iterable[tuple[str, int]],
+    timeout: float = 10.0,
+) -> dict[tuple[str, int], tuple[int, int]]:
+    """(low, true high) per partition: ListOffsets, then verified with one fetch.
+
+    The fetch starts at the last record ListOffsets admits to (`high - 1`), which is
+    known to exist, so the broker answers at once with at least that record and the
+    correct high watermark. If the check cannot complete in time, the listed value is
+    kept: reading less now is safe (the rest is read later); reading past the end is not.
+    `consumer` is re-assigned; pass one dedicated to offset lookups.
+    """
+    listed = listed_watermarks(consumer, tps, timeout)
+    to_check = {tp: hi for tp, (lo, hi) in listed.items() if hi > lo and hi > 0}
+    if not to_check:
+        return listed
+    verified = _fetch_high_watermarks(consumer, to_check, timeout)
+    return {tp: (lo, max(hi, verified.get(tp, hi))) for tp, (lo, hi) in listed.items()}
+
+
+def _fetch_high_watermarks(
+    consumer: Consumer, listed_high: Mapping[tuple[str, int], int], timeout: float
+) -> dict[tuple[str, int], int]:
+    consumer.assign([TopicPartition(t, p, hi - 1) for (t, p), hi in listed_high.items()])
+    pending = set(listed_high)
+    seen_end: dict[tuple[str, int], int] = {}
+    deadline = time.monotonic() + timeout
+    try:
+        while pending and time.monotonic() < deadline:
+            for msg in consumer.consume(num_messages=1000, timeout=0.05):
+                if msg.error() is None:
+                    tp = (msg.topic(), msg.partition())
+                    seen_end[tp] = max(seen_end.get(tp, 0), msg.offset() + 1)
+            for tp in list(pending):
+                _, cached_high = consumer.get_watermark_offsets(TopicPartition(*tp), cached=True)
+                if tp in seen_end and cached_high >= 0:
+                    seen_end[tp] = max(seen_end[tp], cached_high)
+                    pending.discard(tp)
+    finally:
+        consumer.unassign()
+    return seen_end
+
+
+def watermarks(bootstrap: str, topic: str, timeout: float = 10.0) -> dict[int, tuple[int, int]]:
+    """partition -> (low, true high) for one topic; empty when the topic does not exist."""
+    parts = topic_partitions(bootstrap, topic, timeout)
+    if not parts:
+        return {}
+    consumer = assign_consumer(bootstrap, _PROBE_CONF)
+    try:
+        return {p: lh for (_, p), lh in end_offsets(consumer, [(topic, p) for p in parts], timeout).items()}
+    finally:
+        consumer.close()
+
+
+# An offset-probe consumer should fetch as little as it can: one small fetch per check.
+_PROBE_CONF: dict[str, object] = {
+    "queued.min.messages": 1,
+    "max.partition.fetch.bytes": 1024,
+    "fetch.wait.max.ms": 10,
+}
+
+
+def probe_consumer(bootstrap: str, extra: Mapping[str, object] | None = None) -> Consumer:
+    """A consumer tuned for `end_offsets` (tiny fetches, no prefetching)."""
+    return assign_consumer(bootstrap, {**_PROBE_CONF, **(extra or {})})
+
+
+def read_all(bootstrap: str, topic: str, timeout: float = 30.0) -> list[KafkaRecord]:
+    """Every record of `topic`, in (partition, offset) order, from earliest to the end.
+
+    The end is fixed when the call starts; records produced meanwhile may or may not be
+    included. Raises TimeoutError when the broker does not deliver up to the end in time,
+    because a silently partial answer (e.g. the current rule set) is worse than none.
+    """
+    parts = topic_partitions(bootstrap, topic, min(timeout, 10.0))
+    if not parts:
+        return []
+    wm = watermarks(bootstrap, topic, min(timeout, 10.0))
+    ranges = {p: (lo, hi) for p, (lo, hi) in wm.items() if hi > lo}
+    if not ranges:
+        return []
+    # Partition EOF events end a range whose last offsets hold no record (a transaction
+    # marker, a compacted-away record), instead of waiting for a record that never comes.
+    consumer = assign_consumer(bootstrap, {"enable.partition.eof": True})
+    try:
+        return _read_ranges(consumer, topic, ranges, timeout)
+    finally:
+        consumer.close()
+
+
+def _read_ranges(
+    consumer: Consumer, topic: str, ranges: Mapping[int, tuple[int, int]], timeout: float
+) -> list[KafkaRecord]:
+    consumer.assign([TopicPartition(topic, p, lo) for p, (lo, _) in ranges.items()])
+    out: dict[int, list[KafkaRecord]] = {p: [] for p in ranges}
+    pending = set(ranges)
+    deadline = time.monotonic() + timeout
+    while pending:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"reading {topic!r}: partitions {sorted(pending)} not read to the end in {timeout}s")
+        for msg in consumer.consume(num_messages=10_000, timeout=0.2):
+            if msg.error() is not None:
+                if msg.error().code() != KafkaError._PARTITION_EOF:
+                    raise KafkaException(msg.error())
+                if msg.partition() in pending and msg.offset() >= ranges[msg.partition()][1]:
+                    pending.discard(msg.partition())
+                continue
+            p, off = msg.partition(), msg.offset()
+            if p not in pending or off >= ranges[p][1]:
+                continue
+            out[p].append(to_record(msg))
+            if off >= ranges[p][1] - 1:
+                pending.discard(p)
+    return [r for p in sorted(out) for r in out[p]]
+
+
+def to_record(msg: object) -> KafkaRecord:
+    """A confluent_kafka Message as an immutable KafkaRecord."""
+    ts_type, ts = msg.timestamp()  # type: ignore[attr-defined]
+    headers = tuple((k, v) for k, v in (msg.headers() or []))  # type: ignore[attr-defined]
+    return KafkaRecord(
+        topic=msg.topic(),  # type: ignore[attr-defined]
+        partition=msg.partition(),  # type: ignore[attr-defined]
+        offset=msg.offset(),  # type: ignore[attr-defined]
+        key=msg.key(),  # type: ignore[attr-defined]
+        value=msg.value(),  # type: ignore[attr-defined]
+        timestamp_ms=ts,
+        timestamp_type=SPARK_TIMESTAMP_TYPE.get(ts_type, -1),
+        headers=headers,
+    )

@@ -1,0 +1,42 @@
+"""The Spark session the jobs use, with settings that matter for correctness.
+
+UTC session time zone: ISO timestamps without an offset are UTC (DESIGN.md).
+PYSPARK_PYTHON: workers must run the project's interpreter, or they miss
+pandas/pyarrow/protobuf that transformWithState and the Kafka data source need.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from pyspark.sql import SparkSession
+
+DEFAULT_MASTER = "local[2]"
+
+
+def session(app_name: str, master: str | None = None, shuffle_partitions: int = 2, extra: dict | None = None) -> SparkSession:
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    builder = SparkSession.builder.appName(app_name)
+    master = master or os.environ.get("SPARK_MASTER")
+    if master:
+        builder = builder.master(master)
+    elif not os.environ.get("PYSPARK_GATEWAY_PORT"):
+        # Not launched by spark-submit (which sets the gateway and the master): local.
+        builder = builder.master(DEFAULT_MASTER)
+    conf = {
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.shuffle.partitions": str(shuffle_partitions),
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.adaptive.enabled": "true",
+        "spark.driver.memory": os.environ.get("SPARK_DRIVER_MEMORY", "4g"),
+        "spark.python.worker.reuse": "true",
+    }
+    conf.update(extra or {})
+    for k, v in conf.items():
+        builder = builder.config(k, v)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel(os.environ.get("SPARK_LOG_LEVEL", "WARN"))
+    return spark
