@@ -98,7 +98,7 @@ def run_backtest(spark: SparkSession, cfg: BacktestConfig) -> dict:
     result = evaluate(events, rules)
     dead = reduce(lambda a, b: a.unionByName(b), [malformed, *result.dead_letters])
     dead_json = dead.select(
-        "seq", F.to_json(F.struct("topic", "reason", "rule_id", "raw")).alias("line")
+        "seq", F.to_json(F.struct("topic", "reason", "rule_id", "raw"), {"ignoreNullFields": "false"}).alias("line")
     )
     _write_jsonl(dead_json, "line", ["seq"], cfg.out_dir / "dead_letter.jsonl")
 

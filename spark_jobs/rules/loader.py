@@ -82,13 +82,23 @@ def _loc_to_field(loc: tuple) -> str:
     return out or "-"
 
 
+_TYPE_TAGS = {"int": "an integer", "float": "a number", "bool": "a boolean", "str": "a string"}
+_JSON_TYPE = {bool: "boolean", int: "integer", float: "number", str: "string", list: "list", dict: "mapping"}
+
+
 def _pydantic_errors(exc: ValidationError, file: str, rule_id: str | None, prefix: str) -> list[RuleError]:
     errors: list[RuleError] = []
+    unions: dict[str, tuple[list[str], object]] = {}
     for err in exc.errors(include_url=False):
         loc = tuple(err["loc"])
         # With a discriminated union, pydantic prefixes the loc with the rule_type tag.
         if loc and loc[0] in ("threshold", "velocity", "correlation"):
             loc = loc[1:]
+        if loc and loc[-1] in _TYPE_TAGS and err["type"].endswith("_type"):
+            # One error per member of a scalar union (int | float ...): merge them below.
+            key = prefix + _loc_to_field(loc[:-1])
+            unions.setdefault(key, ([], err["input"]))[0].append(_TYPE_TAGS[loc[-1]])
+            continue
         field = _loc_to_field(loc)
         reason = err["msg"]
         ctx_err = (err.get("ctx") or {}).get("error")
@@ -105,6 +115,10 @@ def _pydantic_errors(exc: ValidationError, file: str, rule_id: str | None, prefi
             field = "rule_type"
             reason = "required field is missing"
         errors.append(RuleError(file, prefix + field, reason, rule_id))
+    for field, (expected, value) in unions.items():
+        got = _JSON_TYPE.get(type(value), type(value).__name__)
+        wanted = " or ".join(dict.fromkeys("a number" if e == "an integer" else e for e in expected))
+        errors.append(RuleError(file, field, f"wrong type: expected {wanted}, got {got} {value!r}", rule_id))
     return errors
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import (
     BaseModel,
@@ -42,8 +42,8 @@ DEFAULT_WATERMARK_DELAY_S = 5.0
 _PATH = re.compile(r"^[^.\s]+(\.[^.\s]+)*$")
 _RULE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 
-Number = Union[StrictInt, StrictFloat]
-ScalarValue = Union[StrictBool, StrictInt, StrictFloat, StrictStr]
+Number = StrictInt | StrictFloat
+ScalarValue = StrictBool | StrictInt | StrictFloat | StrictStr
 FieldPath = Annotated[str, Field(min_length=1, pattern=_PATH.pattern)]
 PositiveNumber = Annotated[Number, Field(gt=0)]
 NonNegativeNumber = Annotated[Number, Field(ge=0)]
@@ -185,11 +185,9 @@ class CorrelationRule(_RuleBase):
         if (self.context_type_field is None) != (self.context_type_value is None):
             missing = "context_type_value" if self.context_type_value is None else "context_type_field"
             raise _field_error(missing, "context_type_field and context_type_value go together")
-        if self.metric != "direct" or self.context_resolution != "last":
-            if isinstance(self.condition.value, (bool, str)):
-                raise _field_error(
-                    "condition.value", "must be a number for a computed metric or a mean"
-                )
+        computed = self.metric != "direct" or self.context_resolution != "last"
+        if computed and isinstance(self.condition.value, (bool, str)):
+            raise _field_error("condition.value", "must be a number for a computed metric or a mean")
         _check_window_ms(self.window_size, self.window_unit)
         return self
 

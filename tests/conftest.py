@@ -1,0 +1,55 @@
+"""Shared fixtures. Each section belongs to one area; keep them delimited."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/ helpers (reference_engine, ...)
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+# ----------------------------------------------------------------------------- Spark
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One local Spark session for the whole run (start-up costs ~10 s on 2 cores)."""
+    from spark_jobs.spark import session
+
+    s = session("rule-platform-tests", master="local[2]", shuffle_partitions=2)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="session")
+def demo_inputs() -> dict[str, Path]:
+    d = ROOT / "tests" / "data" / "demo"
+    return {"events.raw": d / "events.raw.jsonl", "context.raw": d / "context.raw.jsonl"}
+
+
+# ----------------------------------------------------------------------------- Kafka (embedded broker)
+# Owned by the Kafka I/O area (spark_jobs/kafka). Tests that use `kafka_broker` are
+# marked `kafka` automatically, so `pytest -m "not kafka"` skips them.
+
+
+@pytest.fixture(scope="session")
+def kafka_broker():
+    """A real tansu broker on a free port with the platform's default topics (2 partitions each)."""
+    from spark_jobs.kafka.broker import EmbeddedBroker, free_port
+
+    broker = EmbeddedBroker(port=free_port(), partitions=2).start()
+    yield broker
+    broker.stop()
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "kafka_broker" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.kafka)
+
+
+# ----------------------------------------------------------------------------- end Kafka

@@ -1,0 +1,194 @@
+"""The seed articles' worked examples through `rulectl backtest` on a real Spark session."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from spark_jobs.backtest.inputs import InputSpec
+from spark_jobs.backtest.runner import BacktestConfig, run_backtest
+from spark_jobs.demo.scenarios import EXPECTED
+
+pytestmark = pytest.mark.spark
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def demo_run(spark, demo_inputs, tmp_path_factory):
+    out = tmp_path_factory.mktemp("demo-backtest")
+    cfg = BacktestConfig(ROOT / "rules", [InputSpec(t, str(p)) for t, p in demo_inputs.items()], out)
+    summary = run_backtest(spark, cfg)
+    return summary, read_jsonl(out / "detections.jsonl"), read_jsonl(out / "dead_letter.jsonl")
+
+
+def by_rule(detections: list[dict], rule_id: str) -> list[dict]:
+    return [d for d in detections if d["rule_id"] == rule_id]
+
+
+def test_threshold_example(demo_run):
+    _, dets, _ = demo_run
+    hits = by_rule(dets, "purchase_threshold")
+    assert [d["order_id"] for d in hits] == EXPECTED["purchase_threshold"]
+    # {"type":"purchase","value":25} matches; value 10 and type view do not.
+    assert hits[0]["value"] == 25 and all(d["type"] == "purchase" and d["value"] >= 20 for d in hits)
+    assert hits[0]["rule_version"] == "1" and hits[0]["rule_name"] == "Purchase of 20 or more"
+
+
+def test_twelve_clicks_in_ten_seconds_give_one_detection_the_tenth(demo_run):
+    _, dets, _ = demo_run
+    hits = by_rule(dets, "rapid_clicks")
+    assert len(hits) == 1
+    assert hits[0]["n"] == 10 and hits[0]["user_id"] == "u_clicker"
+    assert hits[0]["aggregation_type"] == "count" and hits[0]["aggregation_value"] == 10
+
+
+def test_global_window_and_sum(demo_run):
+    _, dets, _ = demo_run
+    assert [d["n"] for d in by_rule(dets, "global_api_burst")] == EXPECTED["global_api_burst"]
+    sums = by_rule(dets, "purchase_sum_per_user")
+    assert [d["order_id"] for d in sums] == EXPECTED["purchase_sum_per_user"]
+    assert sums[0]["aggregation_value"] == pytest.approx(1050.0)
+
+
+def test_fx_flags_four_percent_not_one_percent(demo_run):
+    _, dets, _ = demo_run
+    hits = by_rule(dets, "fx_rate_deviation")
+    assert [d["tx_id"] for d in hits] == EXPECTED["fx_rate_deviation"]
+    four = hits[0]
+    assert four["metric"] == "ratio_deviation" and four["metric_value"] == pytest.approx(0.04)
+    assert four["context_value"] == pytest.approx(1.10) and four["context"]["rate"] == pytest.approx(1.10)
+
+
+def test_astroturf_emits_low_reputation_user_only_and_no_velocity_output(demo_run):
+    summary, dets, _ = demo_run
+    hits = by_rule(dets, "low_reputation_user")
+    assert [d["post_id"] for d in hits] == EXPECTED["low_reputation_user"]
+    assert hits[0]["user_id"] == "user_003" and hits[0]["context_value"] == pytest.approx(0.28)
+    assert not any(d["user_id"] == "user_007" for d in hits)  # reputation 0.9
+    assert by_rule(dets, "hashtag_velocity") == []  # nothing of the routing rule reaches the sink
+    assert summary["rules"]["hashtag_velocity"]["routed"] == 4
+
+
+def test_sensor_z_score(demo_run):
+    _, dets, _ = demo_run
+    hits = by_rule(dets, "sensor_zscore")
+    assert [d["reading_id"] for d in hits] == EXPECTED["sensor_zscore"]
+    assert hits[0]["context"]["count"] == 10 and hits[0]["metric_value"] > 3
+
+
+def test_detection_contract_and_summary(demo_run):
+    summary, dets, dead = demo_run
+    for d in dets:
+        for key in ("rule_id", "rule_version", "rule_type", "processed", "detection_id", "timestamp"):
+            assert key in d
+    assert len({d["detection_id"] for d in dets}) == len(dets)
+    assert summary["detections"] == len(dets) == sum(len(v) for v in EXPECTED.values())
+    assert summary["rules"]["rapid_clicks"]["first_detection"] == "2026-01-05T12:00:17.200Z"
+    assert summary["inputs"]["events.raw"]["malformed"] == 2
+    assert {d["reason"] for d in dead} == {"not valid JSON"}
+    assert summary["dead_letter"] == len(dead) == 2
+
+
+def test_detection_ids_are_deterministic(spark, demo_inputs, demo_run, tmp_path):
+    _, first, _ = demo_run
+    cfg = BacktestConfig(ROOT / "rules", [InputSpec(t, str(p)) for t, p in demo_inputs.items()], tmp_path)
+    run_backtest(spark, cfg)
+    again = read_jsonl(tmp_path / "detections.jsonl")
+    assert [d["detection_id"] for d in again] == [d["detection_id"] for d in first]
+
+
+FX_RULE = """\
+rule_id: fx
+version: "1"
+rule_type: correlation
+source_topic: tx
+context_topic: rates
+correlation_key: pair
+window_size: 10
+window_unit: minutes
+context_resolution: last
+context_value_field: rate
+event_value_field: implied
+timestamp_field: ts
+metric: ratio_deviation
+condition: {operator: ">", value: 0.02}
+max_context_age_seconds: 60
+emit_mode: event
+"""
+
+
+def test_primary_before_context_is_detected_and_stale_context_is_not(spark, tmp_path):
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    (rules / "fx.yaml").write_text(FX_RULE)
+    tx = [
+        {"tx": "early", "pair": "EURUSD", "implied": 1.2, "ts": 1_700_000_100_000},  # before its rate arrives
+        {"tx": "stale", "pair": "GBPUSD", "implied": 1.5, "ts": 1_700_000_300_000},  # rate is 200 s old
+        {"tx": "no-ctx", "pair": "JPYUSD", "implied": 1.5, "ts": 1_700_000_300_000},
+    ]
+    rates = [
+        {"pair": "GBPUSD", "rate": 1.25, "ts": 1_700_000_100_000},
+        {"pair": "EURUSD", "rate": 1.10, "ts": 1_700_000_090_000},  # arrives after the tx
+    ]
+    (tmp_path / "tx.jsonl").write_text("\n".join(json.dumps(t) for t in tx))
+    (tmp_path / "rates.jsonl").write_text("\n".join(json.dumps(r) for r in rates))
+    out = tmp_path / "out"
+    run_backtest(spark, BacktestConfig(rules, [InputSpec("tx", str(tmp_path / "tx.jsonl")), InputSpec("rates", str(tmp_path / "rates.jsonl"))], out))
+    dets = read_jsonl(out / "detections.jsonl")
+    assert [d["tx"] for d in dets] == ["early"]
+    assert "context" not in dets[0]  # emit_mode: event
+
+
+def test_event_time_rule_dead_letters_missing_timestamp(spark, tmp_path):
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    (rules / "v.yaml").write_text(textwrap.dedent("""\
+        rule_id: v
+        version: "1"
+        rule_type: velocity
+        source_topic: e
+        group_by: u
+        window_size: 10
+        window_unit: seconds
+        aggregation_type: count
+        threshold: 2
+        time_mode: event_time
+        timestamp_field: ts
+    """))
+    lines = ['{"u": 1, "ts": "2026-01-01T00:00:00Z"}', '{"u": 1, "ts": "yesterday"}', '{"u": 1}',
+             '{"u": 1, "ts": 1767225601}', "[1, 2]"]
+    (tmp_path / "e.jsonl").write_text("\n".join(lines))
+    out = tmp_path / "out"
+    summary = run_backtest(spark, BacktestConfig(rules, [InputSpec("e", str(tmp_path / "e.jsonl"))], out))
+    dead = read_jsonl(out / "dead_letter.jsonl")
+    reasons = sorted((d["reason"], d["rule_id"]) for d in dead)
+    assert reasons == [
+        ("missing or unparseable timestamp field 'ts' needed by velocity rule", "v"),
+        ("missing or unparseable timestamp field 'ts' needed by velocity rule", "v"),
+        ("not a JSON object", None),
+    ]
+    dets = read_jsonl(out / "detections.jsonl")
+    assert len(dets) == 1 and dets[0]["ts"] == 1767225601 and summary["dead_letter"] == 3
+
+
+def test_cli_backtest_end_to_end(demo_inputs, tmp_path):
+    """The console script, as a PR's CI runs it (separate process, its own Spark)."""
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "spark_jobs.cli", "backtest", "--rules", str(ROOT / "rules"), "--out", str(out)]
+    for topic, path in demo_inputs.items():
+        cmd += ["--input", f"{topic}={path}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert len(read_jsonl(out / "detections.jsonl")) == sum(len(v) for v in EXPECTED.values())
+    bad = subprocess.run([sys.executable, "-m", "spark_jobs.cli", "backtest", "--rules", str(ROOT / "rules"),
+                          "--input", "events.raw=/nope.jsonl", "--out", str(out)], capture_output=True, text=True)
+    assert bad.returncode == 2 and "no such file" in bad.stderr
