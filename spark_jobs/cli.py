@@ -11,7 +11,7 @@ import argparse
 import importlib
 import sys
 
-COMMANDS = ["validate", "schema", "backtest", "broker", "publish", "detect", "history", "up", "demo"]
+COMMANDS = ["validate", "schema", "backtest", "broker", "publish", "detect", "history", "up", "demo", "tail"]
 
 
 def build_parser() -> argparse.ArgumentParser:

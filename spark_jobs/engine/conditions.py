@@ -7,6 +7,7 @@ operators on non-numeric values never match; otherwise `==`/`!=` compare JSON va
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Iterable
@@ -20,7 +21,6 @@ from spark_jobs.rules.model import Condition
 
 _NUMERIC = re.compile(NUMERIC_RE)
 
-_ORDERING = {">": Column.__gt__, "<": Column.__lt__, ">=": Column.__ge__, "<=": Column.__le__}
 
 
 def rule_value_number(value: object) -> float | None:
@@ -35,29 +35,57 @@ def rule_value_number(value: object) -> float | None:
     return None
 
 
+def value_spec(value: object) -> dict[str, object]:
+    """A rule value as data: its kind (`num`, `str`, `bool`) and its typed forms.
+
+    The streaming job ships conditions to Spark as rows of this shape, so one
+    expression (`compare_spec`) serves literal and data-driven conditions alike.
+    """
+    num = rule_value_number(value)
+    if num is not None:
+        return {"kind": "num", "num": num, "str": None, "bool": None}
+    if isinstance(value, bool):
+        return {"kind": "bool", "num": None, "str": None, "bool": value}
+    return {"kind": "str", "num": None, "str": str(value), "bool": None}
+
+
+def compare_spec(x: Column, op: Column, kind: Column, num: Column, text: Column, flag: Column) -> Column:
+    """`x <op> value` with the operator and the value given as Columns; never NULL.
+
+    With literal arguments Spark's optimizer folds the CASE branches away, so the
+    compiled form costs the same as a hand-written comparison.
+    """
+    a = as_number(x)
+    present = x.isNotNull()
+    numeric = (
+        F.when(op == "==", a.isNotNull() & (a == num))
+        # A present value that is not a number is "not equal" to a number.
+        .when(op == "!=", present & (a.isNull() | (a != num)))
+        .when(op == ">", a.isNotNull() & (a > num))
+        .when(op == "<", a.isNotNull() & (a < num))
+        .when(op == ">=", a.isNotNull() & (a >= num))
+        .when(op == "<=", a.isNotNull() & (a <= num))
+    )
+    same = F.coalesce(
+        F.when(kind == "bool", json_text(x) == F.when(flag, F.lit("true")).otherwise(F.lit("false")))
+        .otherwise(as_string(x) == text),
+        F.lit(False),
+    )
+    other = F.when(op == "==", present & same).when(op == "!=", present & ~same).otherwise(F.lit(False))
+    return F.coalesce(F.when(kind == "num", numeric).otherwise(other), F.lit(False))
+
+
 def compare(x: Column, operator: str, value: object) -> Column:
     """`x <operator> value` for an event value `x` (VARIANT, NULL = missing); never NULL."""
-    num = rule_value_number(value)
-    present = x.isNotNull()
-    if num is not None:
-        a = as_number(x)
-        if operator == "==":
-            result = a.isNotNull() & (a == F.lit(num))
-        elif operator == "!=":
-            # A present value that is not a number is "not equal" to a number.
-            result = present & (a.isNull() | (a != F.lit(num)))
-        else:
-            result = a.isNotNull() & _ORDERING[operator](a, F.lit(num))
-    else:
-        if operator in _ORDERING:
-            return F.lit(False)
-        if isinstance(value, bool):
-            same = json_text(x) == F.lit("true" if value else "false")
-        else:
-            same = as_string(x) == F.lit(str(value))
-        same = F.coalesce(same, F.lit(False))
-        result = present & same if operator == "==" else present & ~same
-    return F.coalesce(result, F.lit(False))
+    spec = value_spec(value)
+    return compare_spec(
+        x,
+        F.lit(operator),
+        F.lit(spec["kind"]),
+        F.lit(spec["num"]).cast("double"),
+        F.lit(spec["str"]).cast("string"),
+        F.lit(spec["bool"]).cast("boolean"),
+    )
 
 
 def condition_column(v: Column, cond: Condition) -> Column:
@@ -68,3 +96,35 @@ def all_conditions(v: Column, conditions: Iterable[Condition]) -> Column:
     """AND of the conditions; an empty list is always true (an unfiltered velocity rule)."""
     cols = [condition_column(v, c) for c in conditions]
     return reduce(lambda a, b: a & b, cols, F.lit(True))
+
+
+def _py_number(x: object) -> float | None:
+    if isinstance(x, bool):
+        return None
+    if isinstance(x, (int, float)):
+        return float(x)
+    if isinstance(x, str) and _NUMERIC.match(x):
+        return float(x)
+    return None
+
+
+def compare_json(json_value: str | None, operator: str, value: object) -> bool:
+    """`compare` for one JSON value in Python, for the few decisions the live job makes
+    outside the JVM (a `last` context value under metric `direct`). Same semantics."""
+    if json_value is None:
+        return False
+    x = json.loads(json_value)
+    if x is None:
+        return False
+    num = rule_value_number(value)
+    if num is not None:
+        a = _py_number(x)
+        if operator == "!=":
+            return a is None or a != num
+        if a is None:
+            return False
+        return {"==": a == num, ">": a > num, "<": a < num, ">=": a >= num, "<=": a <= num}[operator]
+    if operator not in ("==", "!="):
+        return False
+    same = (isinstance(x, bool) and x is value) if isinstance(value, bool) else (isinstance(x, str) and x == str(value))
+    return same if operator == "==" else not same

@@ -111,6 +111,16 @@ def _matches(rule: CorrelationRule) -> Column:
     return F.coalesce(metric.isNotNull() & getattr(metric, _ORDER[op])(F.lit(float(value))), F.lit(False))
 
 
+def correlation_members(ctx_json: Column, metric: Column, metric_value: Column, ctx_record: Column, with_context: Column) -> Column:
+    """The correlation members of a detection; shared with the live job."""
+    return extra(
+        json_member("context_value", ctx_json),
+        json_member("metric", json_string(metric)),
+        json_member("metric_value", json_number(metric_value)),
+        F.when(with_context, json_member("context", ctx_record)),
+    )
+
+
 def correlation_rule(events: DataFrame, rule: CorrelationRule, primaries_from: DataFrame | None) -> CorrelationOutput:
     """Evaluate one correlation rule; `primaries_from` replaces the source topic's events
     when the rule takes its primaries from a velocity rule (velocity_filter_rule_id)."""
@@ -129,12 +139,9 @@ def correlation_rule(events: DataFrame, rule: CorrelationRule, primaries_from: D
     )
     resolved = _resolve(union, rule).filter(~F.col("is_ctx") & F.col("has_ctx"))
     judged = resolved.withColumn("metric_value", _metric(rule)).filter(_matches(rule))
-    members = [
-        json_member("context_value", F.col("ctx_json")),
-        json_member("metric", json_string(F.lit(rule.metric))),
-        json_member("metric_value", json_number(F.col("metric_value"))),
-    ]
-    if rule.emit_mode in ("context", "both"):
-        members.append(json_member("context", F.col("ctx_record")))
-    emits = select_emits(judged, rule, F.col("ts_ms"), extra(*members))
+    members = correlation_members(
+        F.col("ctx_json"), F.lit(rule.metric), F.col("metric_value"), F.col("ctx_record"),
+        F.lit(rule.emit_mode in ("context", "both")),
+    )
+    emits = select_emits(judged, rule, F.col("ts_ms"), members)
     return CorrelationOutput(emits, dead, prim)

@@ -26,10 +26,19 @@ def json_path(path: str) -> str:
     return "$" + "".join(parts)
 
 
-def field(v: Column, path: str) -> Column:
-    """The value at `path` as VARIANT; NULL when missing. JSON null counts as missing."""
-    x = F.try_variant_get(v, json_path(path), "variant")
+def field(v: Column, path: str | Column) -> Column:
+    """The value at `path` as VARIANT; NULL when missing. JSON null counts as missing.
+
+    `path` is a dotted rule path, or a Column holding a JSON path (`json_path`) when
+    the rule itself is data (the streaming job).
+    """
+    p = F.lit(json_path(path)) if isinstance(path, str) else path
+    x = _variant_get(v, p)
     return F.when(~F.is_variant_null(x), x)
+
+
+def _variant_get(v: Column, path: Column) -> Column:
+    return F.call_function("try_variant_get", v, path, F.lit("variant"))
 
 
 def json_text(x: Column) -> Column:

@@ -114,14 +114,17 @@ def crossings(df: DataFrame, rule: VelocityRule) -> DataFrame:
     )
 
 
-def velocity_extra(rule: VelocityRule) -> Column:
-    value = F.col("agg")
-    if rule.aggregation_type in ("count", "distinct_count"):
-        value = value.cast("long")
+def velocity_members(agg_type: Column, agg: Column) -> Column:
+    """The velocity members of a detection; shared with the live job."""
+    value = F.when(agg_type.isin("count", "distinct_count"), json_number(agg.cast("long"))).otherwise(json_number(agg))
     return extra(
-        json_member("aggregation_type", json_string(F.lit(rule.aggregation_type))),
-        json_member("aggregation_value", json_number(value)),
+        json_member("aggregation_type", json_string(agg_type)),
+        json_member("aggregation_value", value),
     )
+
+
+def velocity_extra(rule: VelocityRule) -> Column:
+    return velocity_members(F.lit(rule.aggregation_type), F.col("agg"))
 
 
 def velocity_rule(events: DataFrame, rule: VelocityRule) -> VelocityOutput:

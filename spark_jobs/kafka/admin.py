@@ -190,10 +190,16 @@ def _fetch_high_watermarks(
     deadline = time.monotonic() + timeout
     try:
         while pending and time.monotonic() < deadline:
-            for msg in consumer.consume(num_messages=1000, timeout=0.05):
-                if msg.error() is None:
-                    tp = (msg.topic(), msg.partition())
+            for msg in consumer.consume(num_messages=1000, timeout=0.01):
+                tp = (msg.topic(), msg.partition())
+                err = msg.error()
+                if err is None:
                     seen_end[tp] = max(seen_end.get(tp, 0), msg.offset() + 1)
+                elif err.code() == KafkaError._PARTITION_EOF:
+                    # The fetch reached the log end (e.g. past a transaction marker that
+                    # is never delivered as a message): its offset is the true end.
+                    seen_end[tp] = max(seen_end.get(tp, 0), msg.offset())
+                    pending.discard(tp)
             for tp in list(pending):
                 _, cached_high = consumer.get_watermark_offsets(TopicPartition(*tp), cached=True)
                 if tp in seen_end and cached_high >= 0:
@@ -217,7 +223,11 @@ def watermarks(bootstrap: str, topic: str, timeout: float = 10.0) -> dict[int, t
 
 
 # An offset-probe consumer should fetch as little as it can: one small fetch per check.
+# fetch.queue.backoff.ms=0: with the default (1 s) librdkafka postpones the first fetch
+# after a re-assign by a second, which would add a second to every streaming trigger.
 _PROBE_CONF: dict[str, object] = {
+    "enable.partition.eof": True,
+    "fetch.queue.backoff.ms": 0,
     "queued.min.messages": 1,
     "max.partition.fetch.bytes": 1024,
     "fetch.wait.max.ms": 10,
@@ -257,22 +267,27 @@ def _read_ranges(
 ) -> list[KafkaRecord]:
     consumer.assign([TopicPartition(topic, p, lo) for p, (lo, _) in ranges.items()])
     out: dict[int, list[KafkaRecord]] = {p: [] for p in ranges}
+    next_offset = {p: lo for p, (lo, _) in ranges.items()}
     pending = set(ranges)
     deadline = time.monotonic() + timeout
     while pending:
         if time.monotonic() > deadline:
             raise TimeoutError(f"reading {topic!r}: partitions {sorted(pending)} not read to the end in {timeout}s")
-        for msg in consumer.consume(num_messages=10_000, timeout=0.2):
+        # Ask for what is still missing: consume() returns as soon as that many arrived.
+        want = max(1, min(10_000, sum(ranges[p][1] - next_offset[p] for p in pending)))
+        for msg in consumer.consume(num_messages=want, timeout=0.2):
+            p = msg.partition()
             if msg.error() is not None:
                 if msg.error().code() != KafkaError._PARTITION_EOF:
                     raise KafkaException(msg.error())
-                if msg.partition() in pending and msg.offset() >= ranges[msg.partition()][1]:
-                    pending.discard(msg.partition())
+                if p in pending and msg.offset() >= ranges[p][1]:
+                    pending.discard(p)
                 continue
-            p, off = msg.partition(), msg.offset()
+            off = msg.offset()
             if p not in pending or off >= ranges[p][1]:
                 continue
             out[p].append(to_record(msg))
+            next_offset[p] = off + 1
             if off >= ranges[p][1] - 1:
                 pending.discard(p)
     return [r for p in sorted(out) for r in out[p]]

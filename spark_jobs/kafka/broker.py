@@ -119,6 +119,7 @@ class EmbeddedBroker:
         self.partitions = partitions
         self.startup_timeout = startup_timeout
         self._log_path = Path(log_path) if log_path else None
+        self._own_log = log_path is None  # a temp log we made is removed after a clean stop
         self._log_file: object | None = None
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -201,6 +202,9 @@ class EmbeddedBroker:
         if self._log_file is not None:
             self._log_file.close()  # type: ignore[attr-defined]
             self._log_file = None
+        if self._own_log and self._log_path is not None and proc is not None and proc.returncode in (0, -2):
+            self._log_path.unlink(missing_ok=True)
+            self._log_path = None
 
     def __enter__(self) -> EmbeddedBroker:
         return self.start()

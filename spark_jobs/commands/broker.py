@@ -1,0 +1,69 @@
+"""`rulectl broker`: run the embedded Kafka-compatible broker in the foreground.
+
+The one-machine setup (and a developer's terminal) needs a broker without Docker or a
+JVM: this starts tansu, creates the platform's topics, prints the bootstrap address and
+stays up until Ctrl-C / SIGTERM, then stops the broker cleanly. Storage is memory only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from types import FrameType
+
+from spark_jobs.kafka.broker import DEFAULT_TOPICS, BrokerError, EmbeddedBroker
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("broker", help="run the embedded Kafka-compatible broker (tansu) until Ctrl-C")
+    p.add_argument("--host", default="127.0.0.1", help="listen address (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=9092, help="listen port (default: 9092)")
+    p.add_argument("--partitions", type=int, default=1, help="partitions per data topic (default: 1)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.partitions < 1:
+        print("rulectl broker: --partitions must be at least 1", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+    broker = EmbeddedBroker(port=args.port, host=args.host, topics=DEFAULT_TOPICS, partitions=args.partitions)
+    previous = _install_handlers(stop)
+    try:
+        broker.start()
+    except BrokerError as exc:
+        print(f"rulectl broker: {exc}", file=sys.stderr)
+        _restore_handlers(previous)
+        return 1
+    try:
+        print(f"broker ready on {broker.bootstrap} (pid {broker.pid}, memory storage)", flush=True)
+        print(f"topics: {', '.join(DEFAULT_TOPICS)}", flush=True)
+        print("press Ctrl-C to stop", flush=True)
+        while not stop.wait(0.5):
+            if not broker.is_running():
+                print("rulectl broker: the broker process exited unexpectedly", file=sys.stderr)
+                return 1
+        print("stopping broker", flush=True)
+        return 0
+    finally:
+        broker.stop()
+        _restore_handlers(previous)
+
+
+def _install_handlers(stop: threading.Event) -> dict[int, object]:
+    """SIGINT and SIGTERM both mean: stop the broker and exit 0."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    previous: dict[int, object] = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        previous[sig] = signal.signal(sig, handler)
+    return previous
+
+
+def _restore_handlers(previous: dict[int, object]) -> None:
+    for sig, old in previous.items():
+        signal.signal(sig, old)  # type: ignore[arg-type]

@@ -1,0 +1,36 @@
+"""`rulectl detect`: the continuous Spark Structured Streaming detection job."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from spark_jobs.streaming.job import DetectConfig, run
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("detect", help="run the streaming detection job (until SIGTERM)")
+    p.add_argument("--bootstrap", default="127.0.0.1:9092")
+    p.add_argument("--sink-topic", default="events.processed")
+    p.add_argument("--dead-letter-topic", default="events.deadletter")
+    p.add_argument("--rules-topic", default="rules.active")
+    p.add_argument("--status-topic", default="detect.status")
+    p.add_argument("--checkpoint", type=Path, default=Path("var/detect/checkpoint"))
+    p.add_argument("--status-file", type=Path, default=None, help="default: CHECKPOINT/status.json")
+    p.add_argument("--trigger-ms", type=int, default=500)
+    p.add_argument("--max-offsets-per-trigger", type=int, default=100_000)
+    p.add_argument("--starting-offsets", choices=["earliest", "latest"], default="earliest")
+    p.add_argument("--master", default=None)
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    cfg = DetectConfig(
+        bootstrap=args.bootstrap, sink_topic=args.sink_topic, dead_letter_topic=args.dead_letter_topic,
+        rules_topic=args.rules_topic, status_topic=args.status_topic, checkpoint=args.checkpoint,
+        trigger_ms=args.trigger_ms, max_offsets_per_trigger=args.max_offsets_per_trigger,
+        starting_offsets=args.starting_offsets, master=args.master, status_file=args.status_file,
+    )
+    return run(cfg)

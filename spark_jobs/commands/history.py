@@ -1,0 +1,69 @@
+"""`rulectl history RULE_ID`: every release decision about a rule (who approved which
+version, when, from which commit), read from the release audit log.
+
+The audit dir defaults to the lifecycle settings (RULE_LIFECYCLE_AUDIT_DIR, or
+RULE_LIFECYCLE_STATE_DIR/audit, or $AIRFLOW_HOME/rule_lifecycle/audit), so on an Airflow
+machine the command needs no arguments beyond the rule id.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "history",
+        help="who approved and published which version of a rule",
+        description=__doc__.splitlines()[0],
+    )
+    p.add_argument("rule_id", metavar="RULE_ID")
+    p.add_argument("--audit-dir", type=Path, default=None, help="directory of releases.jsonl (default: from settings)")
+    p.add_argument("--format", choices=["text", "json"], default="text")
+    p.add_argument("--version", dest="only_version", default=None, help="only this rule version")
+    p.set_defaults(func=run)
+
+
+def _audit_dir(arg: Path | None) -> Path:
+    if arg is not None:
+        return arg
+    from spark_jobs.lifecycle.settings import resolve_settings
+
+    return Path(resolve_settings(use_airflow=False).audit_dir)
+
+
+def run(args: argparse.Namespace) -> int:
+    from spark_jobs.lifecycle.audit import audit_path, read_records, rule_history
+
+    audit_dir = _audit_dir(args.audit_dir)
+    if not audit_path(audit_dir).exists():
+        print(f"rulectl history: no audit log at {audit_path(audit_dir)}", file=sys.stderr)
+        return 2
+    rows = rule_history(read_records(audit_dir), args.rule_id)
+    if args.only_version is not None:
+        rows = [r for r in rows if str(r["version"]) == str(args.only_version)]
+    if args.format == "json":
+        print(json.dumps(rows, indent=2))
+        return 0 if rows else 1
+    if not rows:
+        print(f"No release decision about {args.rule_id!r} in {audit_path(audit_dir)}")
+        return 1
+    for r in rows:
+        prev = f" (was {r['previous_version']})" if r.get("previous_version") else " (new rule)"
+        what = {
+            "published": "published" if r.get("produced") else "approved (already live)",
+            "rejected": "REJECTED",
+            "invalid": "invalid",
+            "no_change": "unchanged",
+        }.get(r["event"], r["event"])
+        by = f" by {r['by']}" if r.get("by") else ""
+        line = f"{r.get('at') or '?'}  version {r['version']}{prev}  {what}{by}  commit {str(r.get('commit'))[:12]}"
+        if r.get("comment") or r.get("reason"):
+            line += f"  — {r.get('comment') or r.get('reason')}"
+        if r.get("run_id"):
+            line += f"  [{r.get('dag_id')} {r['run_id']}]"
+        print(line)
+    return 0

@@ -1,0 +1,433 @@
+"""`rulectl up`: the whole platform on one machine, started and stopped as one.
+
+One command, in this order: the embedded Kafka-compatible broker on 127.0.0.1:9092 with
+the platform's topics; the rules of `rules/` validated and published to `rules.active`;
+the detection job (`rulectl detect`, Spark local mode); the demo generator
+(`rulectl demo --forever`); Airflow standalone (UI, scheduler, DAG processor, triggerer)
+with this repository's dags/ and plugins/. Ctrl-C or SIGTERM stops them in reverse
+order, each with its graceful signal (a second Ctrl-C stops without waiting).
+
+Supervision policy (spark_jobs.platform.launcher):
+* the detection job is **restarted** when it exits: from its checkpoint, so no event is
+  lost. A clean exit (code 0) is how a restart is requested (the detection supervisor
+  sends SIGTERM to the pid in `<workdir>/platform.json`); a crash is retried with
+  backoff, at most 5 times in 10 minutes, after which the platform stops;
+* any other component that exits (broker, demo, Airflow) stops the platform, with the
+  last lines of its log: none of them is expected to exit while the platform runs.
+
+The broker keeps topics in memory only, so every `rulectl up` starts from empty topics;
+the detection job's checkpoint (offsets into the previous broker's topics) is therefore
+cleared at start. Airflow's home (database, logs, admin password) persists in
+`<workdir>/airflow`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import shutil
+import signal
+import sys
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+from spark_jobs.platform.launcher import BrokerComponent, ChildSpec, RestartPolicy, Supervisor
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+DETECT_RESTART = RestartPolicy(max_restarts=5, window_s=600.0, backoff_s=2.0, max_backoff_s=30.0)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "up",
+        help="run the whole platform locally: broker, rules, detection job, demo, Airflow",
+        description=__doc__.splitlines()[0],
+    )
+    p.add_argument("--port", type=int, default=9092, help="broker port on 127.0.0.1 (default: 9092)")
+    p.add_argument("--partitions", type=int, default=2, help="partitions of events.raw / context.raw (default: 2)")
+    p.add_argument("--airflow-port", type=int, default=8080, help="Airflow UI/API port (default: 8080)")
+    p.add_argument("--airflow-host", default="127.0.0.1", help="Airflow UI listen address (default: 127.0.0.1)")
+    p.add_argument("--airflow-password", default=None, help="admin password (default: generated once, kept in the workdir)")
+    p.add_argument("--airflow-db", default=None, metavar="URL", help="Airflow metadata DB URL (default: SQLite in the workdir)")
+    p.add_argument("--no-airflow", action="store_true", help="do not start Airflow")
+    p.add_argument("--no-demo", action="store_true", help="do not start the demo event generator")
+    p.add_argument("--no-detect", action="store_true", help="do not start the detection job (e.g. to run it yourself)")
+    p.add_argument("--demo-rate", type=float, default=20.0, help="demo background events per second (default: 20)")
+    p.add_argument("--trigger-ms", type=int, default=None, help="detection job micro-batch trigger interval")
+    p.add_argument("--rules", default=str(PROJECT_ROOT / "rules"), metavar="DIR", help="rules to publish at start")
+    p.add_argument("--workdir", default="var", help="state, checkpoints and logs (default: ./var)")
+    p.set_defaults(func=run)
+
+
+@dataclass(frozen=True)
+class Paths:
+    """Where everything of one `rulectl up` lives; all under the workdir."""
+
+    workdir: Path
+
+    @property
+    def logs(self) -> Path:
+        return self.workdir / "logs"
+
+    @property
+    def detect_dir(self) -> Path:
+        return self.workdir / "detect"
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.detect_dir / "checkpoint"
+
+    @property
+    def status_file(self) -> Path:
+        return self.detect_dir / "status.json"
+
+    @property
+    def airflow_home(self) -> Path:
+        return self.workdir / "airflow"
+
+    @property
+    def state_file(self) -> Path:
+        return self.workdir / "platform.json"
+
+
+def rulectl_argv(*args: str) -> list[str]:
+    """Run a rulectl command with this interpreter (works without `rulectl` on PATH)."""
+    return [sys.executable, "-m", "spark_jobs.cli", *args]
+
+
+def base_env(bootstrap: str, paths: Paths) -> dict[str, str]:
+    """The environment every child gets: where Kafka is, which Python Spark uses."""
+    bindir = str(Path(sys.executable).parent)
+    return {
+        **os.environ,
+        "PATH": bindir + os.pathsep + os.environ.get("PATH", ""),
+        "KAFKA_BOOTSTRAP": bootstrap,
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+        "RULES_PLATFORM_STATE": str(paths.state_file),
+        "RULES_DETECT_CHECKPOINT": str(paths.checkpoint),
+        "RULES_DETECT_STATUS_FILE": str(paths.status_file),
+    }
+
+
+def detect_spec(args: argparse.Namespace, bootstrap: str, paths: Paths) -> ChildSpec:
+    argv = rulectl_argv(
+        "detect",
+        "--bootstrap", bootstrap,
+        "--checkpoint", str(paths.checkpoint),
+        "--status-file", str(paths.status_file),
+    )  # fmt: skip
+    if args.trigger_ms is not None:
+        argv += ["--trigger-ms", str(args.trigger_ms)]
+    return ChildSpec(
+        name="detect",
+        argv=argv,
+        env=base_env(bootstrap, paths),
+        cwd=paths.workdir,
+        log_path=paths.logs / "detect.log",
+        stop_signal=signal.SIGTERM,  # the job's graceful stop: finish the batch, commit, exit 0
+        stop_timeout=60.0,
+        restart=DETECT_RESTART,
+        ready=lambda: paths.status_file.exists(),
+        ready_message=f"detection job running (status: {paths.status_file})",
+    )
+
+
+def demo_spec(args: argparse.Namespace, bootstrap: str, paths: Paths) -> ChildSpec:
+    return ChildSpec(
+        name="demo",
+        argv=rulectl_argv("demo", "--bootstrap", bootstrap, "--forever", "--rate", f"{args.demo_rate:g}"),
+        env=base_env(bootstrap, paths),
+        cwd=paths.workdir,
+        log_path=paths.logs / "demo.log",
+        stop_signal=signal.SIGTERM,
+        stop_timeout=20.0,
+        echo=True,  # its pattern announcements tell the user what to look for
+    )
+
+
+def airflow_binary() -> str | None:
+    """The `airflow` of this interpreter's environment, else the one on PATH."""
+    local = Path(sys.executable).parent / "airflow"
+    if local.exists():
+        return str(local)
+    return shutil.which("airflow")
+
+
+def airflow_password(paths: Paths, given: str | None) -> str:
+    """The admin password: given, else the one kept from a previous run, else a new one.
+
+    Stored in the simple auth manager's password file, which Airflow reads at login.
+    """
+    pw_file = paths.airflow_home / "passwords.json"
+    existing: dict[str, str] = {}
+    if pw_file.exists():
+        try:
+            existing = json.loads(pw_file.read_text() or "{}")
+        except ValueError:
+            existing = {}
+    password = given or existing.get("admin") or secrets.token_urlsafe(9)
+    paths.airflow_home.mkdir(parents=True, exist_ok=True)
+    pw_file.write_text(json.dumps({**existing, "admin": password}) + "\n")
+    pw_file.chmod(0o600)
+    return password
+
+
+def _airflow_secret(paths: Paths) -> str:
+    """One secret per workdir for the API's JWTs and sessions, shared by all components."""
+    f = paths.airflow_home / ".secret"
+    if not f.exists():
+        paths.airflow_home.mkdir(parents=True, exist_ok=True)
+        f.write_text(secrets.token_urlsafe(32))
+        f.chmod(0o600)
+    return f.read_text().strip()
+
+
+def airflow_env(args: argparse.Namespace, bootstrap: str, paths: Paths, project_root: Path = PROJECT_ROOT) -> dict[str, str]:
+    """Airflow 3.3 settings for the embedded platform (names from its config reference).
+
+    The execution API URL must follow the port: task processes call it, and its default
+    assumes http://localhost:8080.
+    """
+    home = paths.airflow_home
+    env = {
+        **base_env(bootstrap, paths),
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(project_root / "dags"),
+        "AIRFLOW__CORE__PLUGINS_FOLDER": str(project_root / "plugins"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__LAZY_LOAD_PLUGINS": "False",
+        # The platform's DAGs (release, supervisor, reports) are meant to run right away.
+        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+        "AIRFLOW__CORE__AUTH_MANAGER": "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json"),
+        "AIRFLOW__API__HOST": args.airflow_host,
+        "AIRFLOW__API__PORT": str(args.airflow_port),
+        "AIRFLOW__API__WORKERS": "1",  # 2-core machines: one API worker is plenty
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{args.airflow_port}/execution/",
+        "AIRFLOW__API_AUTH__JWT_SECRET": _airflow_secret(paths),
+        "AIRFLOW__API__SECRET_KEY": _airflow_secret(paths),
+        "GX_ANALYTICS_ENABLED": "False",
+        "RULE_LIFECYCLE_BOOTSTRAP": bootstrap,
+        "PYTHONPATH": str(project_root) + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else ""),
+    }
+    if args.airflow_db:
+        env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = args.airflow_db
+    elif "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN" not in os.environ:
+        env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{home / 'airflow.db'}"
+    return env
+
+
+def airflow_spec(args: argparse.Namespace, bootstrap: str, paths: Paths, binary: str) -> ChildSpec:
+    url = f"http://127.0.0.1:{args.airflow_port}"
+    return ChildSpec(
+        name="airflow",
+        argv=[binary, "standalone"],
+        env=airflow_env(args, bootstrap, paths),
+        cwd=paths.airflow_home,
+        log_path=paths.logs / "airflow.log",
+        # `airflow standalone` stops its scheduler/api-server/... on SIGINT only; on
+        # SIGTERM it would die and leave them running (the group kill then cleans up).
+        stop_signal=signal.SIGINT,
+        stop_timeout=60.0,
+        ready=lambda: _http_ok(f"{url}/api/v2/monitor/health"),
+        ready_message=f"Airflow UI ready: {url}",
+    )
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1.5) as resp:
+            return 200 <= resp.status < 300
+    except OSError:
+        return False
+
+
+def plan(args: argparse.Namespace, bootstrap: str, paths: Paths, airflow_bin: str | None) -> list[ChildSpec]:
+    """The child processes, in start order (they are stopped in reverse)."""
+    specs: list[ChildSpec] = []
+    if not args.no_detect:
+        specs.append(detect_spec(args, bootstrap, paths))
+    if not args.no_demo:
+        specs.append(demo_spec(args, bootstrap, paths))
+    if not args.no_airflow:
+        if airflow_bin is None:
+            raise ValueError("airflow is not installed (pip install 'rule-platform[airflow]'), or use --no-airflow")
+        specs.append(airflow_spec(args, bootstrap, paths, airflow_bin))
+    return specs
+
+
+def run(args: argparse.Namespace) -> int:
+    from spark_jobs.kafka.broker import DEFAULT_TOPICS, EmbeddedBroker
+
+    host = "127.0.0.1"
+    bootstrap = f"{host}:{args.port}"
+    paths = Paths(Path(args.workdir).resolve())
+    problems = _preflight(args, host)
+    if problems:
+        for p in problems:
+            print(f"rulectl up: {p}", file=sys.stderr)
+        return 2
+    paths.logs.mkdir(parents=True, exist_ok=True)
+    # The broker is memory-only: offsets in an old checkpoint point into topics that no
+    # longer exist, and the job would refuse to start (or skip data). Start afresh.
+    shutil.rmtree(paths.detect_dir, ignore_errors=True)
+    paths.detect_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        specs = plan(args, bootstrap, paths, airflow_binary())
+        password = airflow_password(paths, args.airflow_password) if not args.no_airflow else None
+    except ValueError as exc:
+        print(f"rulectl up: {exc}", file=sys.stderr)
+        return 2
+
+    sup = Supervisor(on_change=lambda s: _write_state(s, paths, bootstrap, args))
+    stop = threading.Event()
+    previous = _install_handlers(stop, sup)
+    try:
+        broker = EmbeddedBroker(port=args.port, host=host, topics=DEFAULT_TOPICS, partitions=args.partitions, log_path=paths.logs / "broker.log")
+        sup.say(f"starting broker on {bootstrap} ...")
+        sup.start(BrokerComponent(broker))
+        n_rules = _publish(args.rules, bootstrap, sup)
+        if n_rules is None:
+            return 1
+        for spec in specs:
+            if stop.is_set():
+                break
+            child = sup.start_child(spec)
+            sup.say(f"started {spec.name} (pid {child.pid}, log {spec.log_path})")
+        if not stop.is_set():
+            _banner(sup, args, bootstrap, paths, n_rules, password, DEFAULT_TOPICS)
+        return sup.run(stop)
+    except Exception as exc:  # noqa: BLE001 - report, then stop what was started
+        print(f"rulectl up: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        sup.stop_all()
+        _restore_handlers(previous)
+        sup.say("platform stopped")
+
+
+def _preflight(args: argparse.Namespace, host: str) -> list[str]:
+    """What would make the start fail half-way, checked before anything starts."""
+    from spark_jobs.kafka.broker import port_in_use
+
+    problems = []
+    if port_in_use(host, args.port):
+        problems.append(f"port {args.port} is in use (another broker? use --port)")
+    if not args.no_airflow and port_in_use("127.0.0.1", args.airflow_port):
+        problems.append(f"port {args.airflow_port} is in use (another Airflow? use --airflow-port or --no-airflow)")
+    if args.partitions < 1:
+        problems.append("--partitions must be at least 1")
+    if args.demo_rate <= 0:
+        problems.append("--demo-rate must be positive")
+    if not Path(args.rules).exists():
+        problems.append(f"rules directory not found: {args.rules}")
+    return problems
+
+
+def _publish(rules_dir: str, bootstrap: str, sup: Supervisor) -> int | None:
+    """Validate and publish the rules (all or nothing, like `rulectl publish`)."""
+    from spark_jobs.kafka.publisher import publish_rules
+    from spark_jobs.rules.loader import load_rules
+
+    loaded = load_rules([rules_dir])
+    if loaded.errors:
+        for err in loaded.errors:
+            sup.say(f"ERROR {err}")
+        sup.say(f"rulectl up: {len(loaded.errors)} invalid rule(s) in {rules_dir}: nothing published, stopping")
+        return None
+    result = publish_rules([lr.rule for lr in loaded.rules], bootstrap, published_by="rulectl up")
+    sup.say(f"published {len(result.published)} rule(s) to {result.topic} ({len(result.unchanged)} unchanged)")
+    return len(loaded.rules)
+
+
+def _banner(
+    sup: Supervisor,
+    args: argparse.Namespace,
+    bootstrap: str,
+    paths: Paths,
+    n_rules: int,
+    password: str | None,
+    topics: tuple[str, ...],
+) -> None:
+    procs = sup.describe()
+    lines = [
+        "",
+        "=" * 78,
+        f"rule platform is up (workdir {paths.workdir})",
+        f"  Kafka      {bootstrap} (memory only)  topics: {', '.join(topics)}",
+        f"  rules      {n_rules} published to rules.active from {args.rules}",
+    ]
+    if "detect" in procs:
+        lines.append(f"  detection  rulectl detect, pid {procs['detect']['pid']}, restarted if it exits; log {paths.logs / 'detect.log'}")
+        lines.append(f"             checkpoint {paths.checkpoint}, status {paths.status_file}")
+    if "demo" in procs:
+        lines.append(f"  demo       {args.demo_rate:g} events/s + a seed pattern every 10 s; log {paths.logs / 'demo.log'}")
+    if "airflow" in procs:
+        host = "127.0.0.1" if args.airflow_host in ("0.0.0.0", "::") else args.airflow_host
+        lines.append(f"  Airflow    http://{host}:{args.airflow_port}  login: admin / {password}  (starting, ~1 min)")
+        lines.append(f"             home {paths.airflow_home}, log {paths.logs / 'airflow.log'}")
+    lines += [
+        f"  state      {paths.state_file} (pids, logs; SIGTERM the detect pid to restart the job)",
+        "watch detections:    rulectl tail events.processed" + _bootstrap_flag(bootstrap),
+        "watch dead letters:  rulectl tail events.deadletter" + _bootstrap_flag(bootstrap),
+        "Ctrl-C stops everything (twice: without waiting).",
+        "=" * 78,
+    ]
+    sup.say("\n".join(lines))
+
+
+def _bootstrap_flag(bootstrap: str) -> str:
+    return "" if bootstrap == "127.0.0.1:9092" else f" --bootstrap {bootstrap}"
+
+
+def _write_state(sup: Supervisor, paths: Paths, bootstrap: str, args: argparse.Namespace) -> None:
+    """platform.json: what runs where, for people and for the detection supervisor DAG."""
+    state = {
+        "updated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "supervisor_pid": os.getpid(),
+        "bootstrap": bootstrap,
+        "workdir": str(paths.workdir),
+        "detect": {
+            "checkpoint": str(paths.checkpoint),
+            "status_file": str(paths.status_file),
+            "restart": "send SIGTERM to components.detect.pid: rulectl up restarts it from its checkpoint",
+        },
+        "airflow_url": None if args.no_airflow else f"http://127.0.0.1:{args.airflow_port}",
+        "components": sup.describe(),
+        "history": sup.history[-50:],
+    }
+    tmp = paths.state_file.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(state, indent=2) + "\n")
+    tmp.replace(paths.state_file)
+
+
+def _install_handlers(stop: threading.Event, sup: Supervisor) -> dict[int, object]:
+    """First Ctrl-C/SIGTERM: stop gracefully. Second: stop without waiting."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if stop.is_set():
+            if not sup.force.is_set():
+                sup.force.set()
+                print("\nforcing shutdown", file=sys.stderr, flush=True)
+            return
+        stop.set()
+        print("\nstopping the platform (Ctrl-C again to force) ...", file=sys.stderr, flush=True)
+
+    previous: dict[int, object] = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, handler)
+    return previous
+
+
+def _restore_handlers(previous: dict[int, object]) -> None:
+    for sig, old in previous.items():
+        signal.signal(sig, old)  # type: ignore[arg-type]

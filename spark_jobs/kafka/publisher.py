@@ -1,0 +1,187 @@
+"""Publish validated rules to `rules.active`, idempotently.
+
+The running detection job keeps the newest record per rule_id of `rules.active`, so the
+topic *is* the live rule set. Publishing reads that set first and sends only the rules
+whose canonical JSON differs (new rule, new version, enabled flipped): re-running a
+release (an Airflow retry, a second click) publishes nothing and wakes nobody, and the
+topic stays a short, readable audit trail of real changes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import NamedTuple
+
+from confluent_kafka import Producer
+
+from spark_jobs.kafka.admin import TopicSpec, create_topics, read_all
+from spark_jobs.rules.model import AnyRule, rule_to_json_dict
+
+RULES_TOPIC = "rules.active"
+RULES_TOPIC_SPEC = TopicSpec(partitions=1, config={"cleanup.policy": "compact"})
+
+
+class RuleRef(NamedTuple):
+    rule_id: str
+    version: str
+
+
+@dataclass
+class PublishResult:
+    """What a publish did: rules sent to the topic and rules already there unchanged."""
+
+    topic: str
+    published: list[RuleRef] = field(default_factory=list)
+    unchanged: list[RuleRef] = field(default_factory=list)
+    # Published with content changed but the same version as the live record: the job
+    # swaps a rule on a version change, so these may not take effect (worth a warning).
+    same_version: list[RuleRef] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.published)
+
+    def to_dict(self) -> dict:
+        return {
+            "topic": self.topic,
+            "published": [r._asdict() for r in self.published],
+            "unchanged": [r._asdict() for r in self.unchanged],
+            "same_version": [r._asdict() for r in self.same_version],
+        }
+
+
+class PublishError(RuntimeError):
+    """A rule could not be delivered to the broker; nothing is reported as published."""
+
+
+def canonical_json(data: Mapping) -> bytes:
+    """Stable bytes for a rule dict (sorted keys, no spaces): same rule, same bytes."""
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def current_rules(bootstrap: str, topic: str = RULES_TOPIC, timeout: float = 30.0) -> dict[str, dict]:
+    """rule_id -> rule dict of the newest record per key on `topic` ({} if no topic).
+
+    A tombstone (null value) removes its key. A record whose value is not a JSON object
+    is kept as `{"_unparseable": <text>}` so it differs from every real rule and the
+    next publish overwrites it rather than trusting it.
+    """
+    newest: dict[str, dict] = {}
+    for rec in read_all(bootstrap, topic, timeout=timeout):
+        if rec.key is None:
+            continue
+        key = rec.key.decode("utf-8", errors="replace")
+        if rec.value is None:
+            newest.pop(key, None)
+            continue
+        newest[key] = _parse_value(rec.value)
+    return newest
+
+
+def _parse_value(value: bytes) -> dict:
+    try:
+        data = json.loads(value)
+    except (UnicodeDecodeError, ValueError):
+        return {"_unparseable": value.decode("utf-8", errors="replace")}
+    return data if isinstance(data, dict) else {"_unparseable": value.decode("utf-8", errors="replace")}
+
+
+def publish_rules(
+    rules: Iterable[AnyRule],
+    bootstrap: str,
+    topic: str = RULES_TOPIC,
+    *,
+    published_by: str | None = None,
+    commit: str | None = None,
+    published_at: datetime | None = None,
+    timeout: float = 30.0,
+) -> PublishResult:
+    """Publish the rules whose canonical JSON differs from the topic's newest record.
+
+    Records are keyed by rule_id (UTF-8) with the canonical rule JSON as value, in
+    rule_id order, with audit headers (`published_at`, and `published_by` / `commit`
+    when given). Every record is acknowledged before this returns; any delivery error
+    raises PublishError.
+    """
+    ordered = sorted(rules, key=lambda r: r.rule_id)
+    _check_unique(ordered)
+    create_topics(bootstrap, {topic: RULES_TOPIC_SPEC}, timeout=timeout)
+    live = current_rules(bootstrap, topic, timeout=timeout)
+    result = PublishResult(topic=topic)
+    to_send: list[tuple[AnyRule, dict]] = []
+    for rule in ordered:
+        data = rule_to_json_dict(rule)
+        ref = RuleRef(rule.rule_id, rule.version)
+        old = live.get(rule.rule_id)
+        if old == data:
+            result.unchanged.append(ref)
+            continue
+        to_send.append((rule, data))
+        result.published.append(ref)
+        if old is not None and old.get("version") == data["version"]:
+            result.same_version.append(ref)
+    if to_send:
+        headers = _audit_headers(published_by, commit, published_at)
+        _send(bootstrap, topic, to_send, headers, timeout)
+    return result
+
+
+def _check_unique(rules: list[AnyRule]) -> None:
+    seen: set[str] = set()
+    for r in rules:
+        if r.rule_id in seen:
+            raise ValueError(f"duplicate rule_id {r.rule_id!r} in the rules to publish")
+        seen.add(r.rule_id)
+
+
+def _audit_headers(
+    published_by: str | None, commit: str | None, published_at: datetime | None
+) -> list[tuple[str, bytes]]:
+    when = (published_at or datetime.now(UTC)).astimezone(UTC).isoformat().replace("+00:00", "Z")
+    headers = [("published_at", when.encode())]
+    if published_by:
+        headers.append(("published_by", published_by.encode()))
+    if commit:
+        headers.append(("commit", commit.encode()))
+    return headers
+
+
+def _send(
+    bootstrap: str,
+    topic: str,
+    items: list[tuple[AnyRule, dict]],
+    headers: list[tuple[str, bytes]],
+    timeout: float,
+) -> None:
+    errors: list[str] = []
+
+    def on_delivery(err: object, msg: object) -> None:
+        if err is not None:
+            errors.append(f"{msg.key()!r}: {err}")  # type: ignore[attr-defined]
+
+    # Idempotent producer: a retried send can neither duplicate nor reorder a rule.
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 5,
+            "message.timeout.ms": int(timeout * 1000),
+        }
+    )
+    for rule, data in items:
+        rule_headers = [*headers, ("rule_version", rule.version.encode())]
+        producer.produce(
+            topic,
+            key=rule.rule_id.encode("utf-8"),
+            value=canonical_json(data),
+            headers=rule_headers,
+            on_delivery=on_delivery,
+        )
+    remaining = producer.flush(timeout)
+    if errors or remaining:
+        detail = errors[0] if errors else f"{remaining} record(s) unacknowledged after {timeout}s"
+        raise PublishError(f"publishing to {topic!r} failed: {detail}")

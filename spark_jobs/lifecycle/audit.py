@@ -1,0 +1,116 @@
+"""The release audit log: who approved what, when, from which commit.
+
+One JSON object per line in `<audit_dir>/releases.jsonl`, appended (never rewritten)
+by the release DAG at the end of every run that reached a decision:
+
+- `published`: approved and produced to `rules.active` (approver, time, comment,
+  commit, and every rule version of the release with whether it was actually produced);
+- `rejected`: the approver said no (who, when, why); nothing was produced;
+- `invalid`: validation failed (the errors); nothing was produced;
+- `no_change`: the commit holds exactly the live rules; nothing to do.
+
+The newest `published` record is the base of the next release (`--base` of the
+validation), and every decided commit counts as processed so the poller does not start
+a second run for it. The approver comes from Airflow's own human-in-the-loop record
+(the response the UI or REST API stored), so this log and Airflow agree. Plain JSON
+Lines keep `rulectl history` independent of Airflow.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from pathlib import Path
+
+AUDIT_FILE = "releases.jsonl"
+DECIDED_EVENTS = frozenset({"published", "rejected", "invalid", "no_change"})
+
+
+def now_iso() -> str:
+    return datetime.now(tz=UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def audit_path(audit_dir: Path | str) -> Path:
+    return Path(audit_dir) / AUDIT_FILE
+
+
+def append_record(audit_dir: Path | str, record: dict) -> dict:
+    """Append one record (adds `recorded_at`); safe against concurrent writers."""
+    path = audit_path(audit_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rec = {"recorded_at": now_iso(), **record}
+    line = json.dumps(rec, sort_keys=True, default=str) + "\n"
+    with path.open("a", encoding="utf-8") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            fh.write(line)
+            fh.flush()
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+    return rec
+
+
+def read_records(audit_dir: Path | str) -> list[dict]:
+    """All records, oldest first; a torn last line (crash mid-write) is ignored."""
+    path = audit_path(audit_dir)
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
+
+
+def last_published_commit(audit_dir: Path | str, repo: str | None = None, branch: str | None = None) -> str | None:
+    """Commit of the newest `published` record (for this repo/branch when given)."""
+    for rec in reversed(read_records(audit_dir)):
+        if rec.get("event") != "published":
+            continue
+        if repo is not None and rec.get("repo") not in (None, repo):
+            continue
+        if branch is not None and rec.get("branch") not in (None, branch):
+            continue
+        return rec.get("commit")
+    return None
+
+
+def processed_commits(audit_dir: Path | str) -> set[str]:
+    return {r["commit"] for r in read_records(audit_dir) if r.get("event") in DECIDED_EVENTS and r.get("commit")}
+
+
+def rule_history(records: Iterable[dict], rule_id: str) -> list[dict]:
+    """One row per audit record that names `rule_id`, oldest first."""
+    rows = []
+    for rec in records:
+        for r in rec.get("rules") or []:
+            if r.get("rule_id") != rule_id:
+                continue
+            approver = rec.get("approved_by") or rec.get("decided_by") or {}
+            rows.append(
+                {
+                    "event": rec.get("event"),
+                    "rule_id": rule_id,
+                    "version": r.get("version"),
+                    "previous_version": r.get("previous_version"),
+                    "produced": r.get("produced"),
+                    "commit": rec.get("commit"),
+                    "by": approver.get("name") or approver.get("id"),
+                    "by_id": approver.get("id"),
+                    "at": rec.get("decided_at") or rec.get("recorded_at"),
+                    "comment": rec.get("comment"),
+                    "dag_id": rec.get("dag_id"),
+                    "run_id": rec.get("run_id"),
+                    "report": rec.get("report"),
+                    "reason": rec.get("reason"),
+                }
+            )
+    return rows

@@ -1,0 +1,406 @@
+"""The steps of a rule release as plain functions (no Airflow needed to run or test them).
+
+    detect_candidate -> validate_candidate -> prepare_history -> [backtests] ->
+    build_release_report -> [approval] -> [publish] -> record_decision
+
+The DAG (dags/rule_release.py) calls these from thin tasks; Airflow adds scheduling,
+the Spark submission, the approval page and retries. Everything a step needs travels
+in JSON-ready dicts, which is what XCom carries between tasks.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import shutil
+from collections.abc import Mapping
+from datetime import datetime
+from pathlib import Path
+
+from spark_jobs.lifecycle import audit
+from spark_jobs.lifecycle import git as g
+from spark_jobs.lifecycle.history import compute_window, slice_inputs
+from spark_jobs.lifecycle.settings import LifecycleSettings
+from spark_jobs.report import RuleChange, build_report, load_backtest, write_report
+from spark_jobs.rules.loader import RuleError
+from spark_jobs.rules.model import AnyRule, parse_rule, rule_to_json_dict
+
+log = logging.getLogger(__name__)
+
+REPORT_URL_PREFIX = "/rule-reports"
+REPORT_XCOM_KEY = "rule_report"
+
+
+class ValidationFailed(RuntimeError):
+    """The commit's rules are invalid; carries the errors (file, field, reason)."""
+
+    def __init__(self, errors: list[dict]) -> None:
+        self.errors = errors
+        lines = [f"  {e['file']}: field '{e['field']}': {e['reason']}" for e in errors]
+        super().__init__(f"{len(errors)} rule error(s):\n" + "\n".join(lines))
+
+
+def safe_name(text: str) -> str:
+    """A run id or date as one path segment."""
+    return re.sub(r"[^A-Za-z0-9_.=-]", "_", text)
+
+
+def report_url(dag_id: str, run_id: str, base_url: str = "") -> str:
+    """Where the plugin serves a run's report inside the Airflow api-server."""
+    from urllib.parse import quote
+
+    return f"{base_url.rstrip('/')}{REPORT_URL_PREFIX}/dags/{quote(dag_id, safe='')}/runs/{quote(run_id, safe='')}/"
+
+
+# --------------------------------------------------------------------------- detect
+
+
+def detect_candidate(settings: LifecycleSettings, commit: str | None = None) -> dict | None:
+    """The commit to release, or None when the tracked branch has nothing new.
+
+    Without `commit`: the head of the tracked branch, if no earlier run decided it and
+    its rules differ from the last published commit's. With `commit` (a manual run):
+    that commit, always (publishing stays idempotent, so a repeat publishes nothing).
+    """
+    mirror = g.sync_mirror(settings.repo, settings.mirror_dir)
+    explicit = bool(commit)
+    sha = g.resolve(mirror, commit or settings.branch)
+    base = audit.last_published_commit(settings.audit_dir, settings.repo, settings.branch)
+    if not explicit:
+        if sha in audit.processed_commits(settings.audit_dir):
+            log.info("Head %s of %s was already released or decided; nothing new.", sha[:12], settings.branch)
+            return None
+        if base and g._exists(mirror, base) and not g.paths_changed(mirror, base, sha, settings.rules_dir):
+            log.info("No change under %s/ between %s and %s.", settings.rules_dir, base[:12], sha[:12])
+            return None
+    info = g.commit_info(mirror, sha)
+    return {
+        **info.to_dict(),
+        "base_commit": base,
+        "repo": settings.repo,
+        "branch": settings.branch,
+        "explicit": explicit,
+        "settings": settings.to_dict(),
+    }
+
+
+def settings_of(candidate: Mapping) -> LifecycleSettings:
+    return LifecycleSettings.from_dict(candidate["settings"])
+
+
+# --------------------------------------------------------------------------- validate
+
+
+def validate_candidate(candidate: Mapping, live_rules: Mapping[str, dict]) -> dict:
+    """`rulectl validate --base <last published commit>` on a checkout of the commit,
+    plus the version check against the live rules. Raises ValidationFailed."""
+    from spark_jobs.rules.validation import validate_paths
+    from spark_jobs.rules.versioning import version_bump_errors
+
+    settings = settings_of(candidate)
+    commit, base = candidate["commit"], candidate.get("base_commit")
+    g.ensure_commit(settings.repo, settings.mirror_dir, commit)
+    checkout = g.checkout(settings.mirror_dir, commit, settings.checkout_dir)
+    rules_path = checkout / settings.rules_dir
+    if not rules_path.is_dir():
+        raise ValidationFailed([{"file": settings.rules_dir, "field": "-", "reason": "rules directory not found", "rule_id": None}])
+    report = validate_paths([rules_path], base=base if base and base != commit else None, repo=checkout)
+    errors: list[RuleError] = list(report.errors)
+    seen = {(e.file, e.rule_id, e.field) for e in errors}
+    for e in version_bump_errors(report.rules, dict(live_rules)):
+        if (e.file, e.rule_id, e.field) not in seen:
+            errors.append(
+                RuleError(e.file, e.field, e.reason.replace("still", "still (as published in rules.active)"), e.rule_id)
+            )
+    if errors:
+        raise ValidationFailed([e.to_dict() for e in errors])
+    rules = {lr.rule.rule_id: rule_to_json_dict(lr.rule) for lr in report.rules}
+    files = {lr.rule.rule_id: lr.file for lr in report.rules}
+    changed = sorted(rid for rid, r in rules.items() if live_rules.get(rid) != r)
+    removed = sorted(set(live_rules) - set(rules))
+    return {
+        "ok": True,
+        "checkout": str(checkout),
+        "rules_path": str(rules_path),
+        "rules": rules,
+        "files": files,
+        "changed_rule_ids": changed,
+        "removed_rule_ids": removed,
+        "validated_files": report.checked_files,
+        "live_versions": {rid: r.get("version") for rid, r in live_rules.items()},
+    }
+
+
+# --------------------------------------------------------------------------- history + plan
+
+
+def _rules(dicts: Mapping[str, dict]) -> list[AnyRule]:
+    return [parse_rule(d) for d in dicts.values()]
+
+
+def run_dir(settings: LifecycleSettings, dag_id: str, run_id: str) -> Path:
+    return settings.work_dir / safe_name(dag_id) / safe_name(run_id)
+
+
+def report_dir(settings: LifecycleSettings, dag_id: str, key: str) -> Path:
+    return Path(settings.report_dir) / safe_name(dag_id) / safe_name(key)
+
+
+def prepare_history(
+    settings: LifecycleSettings,
+    rules: Mapping[str, dict],
+    *,
+    work: Path,
+    data_docs_dir: Path,
+    interval_end: datetime | None = None,
+) -> dict:
+    """Window, slice and quality-check the history for a set of rules."""
+    from spark_jobs.quality import run_quality
+
+    rule_objs = _rules(rules)
+    inputs = dict(settings.history_inputs)
+    missing = [f"{t}={p}" for t, p in inputs.items() if not Path(p).exists()]
+    if missing:
+        raise FileNotFoundError(f"history input(s) not found: {', '.join(missing)}")
+    window = compute_window(
+        inputs,
+        rule_objs,
+        time_field=settings.time_field,
+        lookback_hours=settings.history_lookback_hours,
+        anchor=settings.history_window_end,
+        interval_end=interval_end,
+    )
+    sliced = slice_inputs(
+        inputs, rule_objs, window, work / "history", time_field=settings.time_field, enabled=settings.history_slice
+    )
+    backtest_inputs = {t: s["path"] for t, s in sliced.items()}
+    shutil.rmtree(data_docs_dir, ignore_errors=True)
+    quality = run_quality(
+        backtest_inputs,
+        rule_objs,
+        time_field=settings.time_field,
+        window_ms=window.per_topic,
+        data_docs_dir=data_docs_dir,
+    )
+    return {"window": window.to_dict(), "inputs": backtest_inputs, "slices": sliced, "quality": quality}
+
+
+def write_rules_dir(rules: Mapping[str, dict], target: Path) -> Path:
+    """A rules directory (one JSON file per rule) the backtest can read."""
+    shutil.rmtree(target, ignore_errors=True)
+    target.mkdir(parents=True)
+    for rid, rule in rules.items():
+        (target / f"{safe_name(rid)}.json").write_text(json.dumps(rule, indent=2), encoding="utf-8")
+    return target
+
+
+def plan_release_backtests(
+    candidate: Mapping, validation: Mapping, live_rules: Mapping[str, dict], *, dag_id: str, run_id: str
+) -> dict:
+    """History check plus the two backtests to run: candidate and live versions."""
+    settings = settings_of(candidate)
+    work = run_dir(settings, dag_id, run_id)
+    rdir = report_dir(settings, dag_id, run_id)
+    changed = list(validation["changed_rule_ids"])
+    history = prepare_history(settings, validation["rules"], work=work, data_docs_dir=rdir / "data_docs")
+    cand_rules = write_rules_dir(validation["rules"], work / "candidate_rules")
+    pub_rules = write_rules_dir(live_rules, work / "published_rules")
+    return {
+        **history,
+        "work_dir": str(work),
+        "report_dir": str(rdir),
+        "candidate": {
+            "rules_dir": str(cand_rules),
+            "only": changed,
+            "out_dir": str(work / "backtest_candidate"),
+        },
+        "published": {
+            "rules_dir": str(pub_rules),
+            "only": [rid for rid in changed if rid in live_rules],
+            "out_dir": str(work / "backtest_published"),
+        },
+        "time_field": settings.time_field,
+        "sink_topic": settings.sink_topic,
+    }
+
+
+def backtest_args(spec: Mapping, inputs: Mapping[str, str], time_field: str, sink_topic: str) -> list[str]:
+    """Arguments of the backtest application (`spark_jobs/backtest/submit.py`) for one
+    side of a plan ({"rules_dir", "out_dir", "only"})."""
+    args = ["--rules", spec["rules_dir"], "--out", spec["out_dir"], "--time-field", time_field, "--sink-topic", sink_topic]
+    for topic, path in sorted(inputs.items()):
+        args += ["--input", f"{topic}={path}"]
+    for rule_id in spec.get("only") or []:
+        args += ["--only", rule_id]
+    return args
+
+
+# --------------------------------------------------------------------------- report
+
+
+def _time_fields(rules: Mapping[str, dict]) -> dict[str, str | None]:
+    return {rid: r.get("timestamp_field") for rid, r in rules.items()}
+
+
+def build_release_report(
+    candidate: Mapping,
+    validation: Mapping,
+    plan: Mapping,
+    live_rules: Mapping[str, dict],
+    *,
+    dag_id: str,
+    run_id: str,
+    base_url: str = "",
+) -> dict:
+    """Write report.json/report.html; returns paths, URL and the approval page text."""
+    settings = settings_of(candidate)
+    changed = list(validation["changed_rule_ids"])
+    rules = validation["rules"]
+    tfields = {**_time_fields(live_rules), **_time_fields(rules)}
+    cand = load_backtest(plan["candidate"]["out_dir"], "candidate", tfields, settings.time_field)
+    pub = load_backtest(plan["published"]["out_dir"] if plan["published"]["only"] else None, "published", tfields, settings.time_field)
+    changes = [RuleChange(rid, rules.get(rid), live_rules.get(rid)) for rid in changed]
+    ctx = {
+        "commit": candidate["commit"],
+        "commit_subject": candidate.get("subject"),
+        "author": candidate.get("author"),
+        "base_commit": candidate.get("base_commit") or "none recorded",
+        "branch": candidate.get("branch"),
+        "repo": candidate.get("repo"),
+        "dag_id": dag_id,
+        "run_id": run_id,
+    }
+    quality = dict(plan["quality"])
+    quality["data_docs"] = "data_docs/index.html"
+    report = build_report(
+        kind="release",
+        title=f"Rule release {candidate['short']}: {', '.join(changed) or 'no changes'}",
+        candidate=cand,
+        published=pub,
+        rules=changes,
+        quality=quality,
+        window=plan["window"],
+        context=ctx,
+        max_rows=settings.report_max_rows,
+    )
+    paths = write_report(report, plan["report_dir"])
+    url = report_url(dag_id, run_id, base_url)
+    return {
+        **paths,
+        "dir": plan["report_dir"],
+        "url": url,
+        "quality_ok": bool(quality.get("success")),
+        "subject": f"Publish {len(changed)} rule change(s) from {candidate['short']} to {settings.rules_topic}?",
+        "approval_body": approval_body(report, url, settings.rules_topic),
+        "summary": [
+            {k: r.get(k) for k in ("rule_id", "status", "published_version", "candidate_version", "added", "removed")}
+            for r in report["rules"]
+        ],
+    }
+
+
+def approval_body(report: dict, url: str, topic: str) -> str:
+    """Markdown for the approval page: what changes, what it would have caught, the diff."""
+    ctx = report["context"]
+    lines = [
+        f"**Commit** `{ctx['commit'][:12]}` by {ctx.get('author')}: *{ctx.get('commit_subject')}*  ",
+        f"Last published commit: `{str(ctx.get('base_commit'))[:15]}` · approving publishes to `{topic}`.",
+        "",
+        f"**[Open the backtest report]({url})** (plots, alerts added/removed, data quality, Data Docs)",
+        "",
+    ]
+    for m in report.get("marks", []):
+        icon = {"error": "⛔", "warning": "⚠️"}.get(m["level"], "ℹ️")
+        lines.append(f"{icon} {m['text']}  ")
+    lines += [
+        "",
+        "| rule | published | candidate | alerts (published → candidate) | added | removed |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in report["rules"]:
+        p, c = r.get("published") or {}, r.get("candidate") or {}
+        lines.append(
+            f"| {r['rule_id']} | {r.get('published_version') or '–'} | {r.get('candidate_version') or '–'} | "
+            f"{p.get('detections', '–')} → {c.get('detections', '–')} | {r.get('added', 0)} | {r.get('removed', 0)} |"
+        )
+    lines.append("")
+    for r in report["rules"]:
+        lines += [f"**Rule diff: {r['rule_id']}**", "```diff", (r.get("diff") or "").rstrip(), "```", ""]
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- publish + audit
+
+
+def rules_to_publish(validation: Mapping) -> list[dict]:
+    """The candidate versions of the changed rules, in a stable order."""
+    return [validation["rules"][rid] for rid in validation["changed_rule_ids"]]
+
+
+def approval_outcome(payload: Mapping | None) -> dict:
+    """Normalise the approval task's result (Airflow's HITL response)."""
+    payload = payload or {}
+    chosen = list(payload.get("chosen_options") or [])
+    user = payload.get("responded_by_user") or payload.get("responded_by") or {}
+    at = payload.get("responded_at")
+    params = payload.get("params_input") or {}
+    return {
+        "approved": chosen == ["Approve"],
+        "chosen": chosen,
+        "by": {"id": user.get("id"), "name": user.get("name")} if user else None,
+        "at": at.isoformat() if hasattr(at, "isoformat") else at,
+        "comment": params.get("comment") or None,
+    }
+
+
+def record_decision(
+    candidate: Mapping,
+    validation: Mapping | None,
+    *,
+    event: str,
+    dag_id: str,
+    run_id: str,
+    approval: Mapping | None = None,
+    published: Mapping | None = None,
+    report: str | None = None,
+    reason: str | None = None,
+    errors: list[dict] | None = None,
+) -> dict:
+    """Append the run's decision to the audit log; returns the record."""
+    settings = settings_of(candidate)
+    live = (validation or {}).get("live_versions") or {}
+    produced = set((published or {}).get("published") or [])
+    rules = []
+    if validation:
+        for rid in validation.get("changed_rule_ids", []):
+            rules.append(
+                {
+                    "rule_id": rid,
+                    "version": validation["rules"][rid].get("version"),
+                    "previous_version": live.get(rid),
+                    "file": (validation.get("files") or {}).get(rid),
+                    "produced": rid in produced if event == "published" else False,
+                }
+            )
+    approval = dict(approval or {})
+    rec = {
+        "event": event,
+        "commit": candidate["commit"],
+        "base_commit": candidate.get("base_commit"),
+        "repo": candidate.get("repo"),
+        "branch": candidate.get("branch"),
+        "dag_id": dag_id,
+        "run_id": run_id,
+        "rules_topic": settings.rules_topic,
+        "rules": rules,
+        "approved_by": approval.get("by") if event == "published" else None,
+        "decided_by": approval.get("by"),
+        "decided_at": approval.get("at"),
+        "comment": approval.get("comment"),
+        "report": report,
+        "reason": reason,
+        "errors": errors,
+        "unchanged": sorted((published or {}).get("unchanged") or []),
+    }
+    return audit.append_record(settings.audit_dir, rec)

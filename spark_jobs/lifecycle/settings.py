@@ -1,0 +1,164 @@
+"""Settings of the rule lifecycle (release and scheduled-report DAGs).
+
+Resolution order, highest first: the DAG run's conf/params, the Airflow Variable
+`rule_lifecycle` (a JSON object), environment variables `RULE_LIFECYCLE_<NAME>`, then
+the defaults below. The defaults run the embedded demo from a checkout of this
+project (the project repository is the rules repository, broker on 127.0.0.1:9092),
+so nothing needs configuring to try it; production sets the Variable.
+
+Settings are resolved once, by the first task of a run, and travel with the run
+(XCom), so an edit to the Variable never changes a run half-way through.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+VARIABLE_NAME = "rule_lifecycle"
+ENV_PREFIX = "RULE_LIFECYCLE_"
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _default_state_dir() -> str:
+    home = os.environ.get("AIRFLOW_HOME") or str(Path.home() / "airflow")
+    return str(Path(home) / "rule_lifecycle")
+
+
+def _default_inputs() -> dict[str, str]:
+    demo = PROJECT_ROOT / "tests" / "data" / "demo"
+    return {
+        "events.raw": str(demo / "events.raw.jsonl"),
+        "context.raw": str(demo / "context.raw.jsonl"),
+    }
+
+
+@dataclass
+class LifecycleSettings:
+    """Every knob of the lifecycle; see module docstring for where values come from."""
+
+    # The rules git repository (a local path or any URL git can fetch) and what to track.
+    repo: str = str(PROJECT_ROOT)
+    branch: str = "main"
+    rules_dir: str = "rules"
+    # Where checkouts, reports, Data Docs and the audit log live (shared by all workers).
+    state_dir: str = field(default_factory=_default_state_dir)
+    report_dir: str = ""
+    audit_dir: str = ""
+    # Event history the backtests read: topic -> JSON Lines file or Parquet dir.
+    history_inputs: dict[str, str] = field(default_factory=_default_inputs)
+    history_lookback_hours: float = 24.0
+    # "latest": the window ends at the newest event of the history (recordings);
+    # "interval": it ends at the run's data interval end (live daily exports).
+    history_window_end: str = "latest"
+    # Keep only the window's records in what the backtest reads.
+    history_slice: bool = True
+    time_field: str = "timestamp"
+    sink_topic: str = "events.processed"
+    # Kafka: an Airflow connection (kafka type, extra {"bootstrap.servers": ...}) wins
+    # over `bootstrap` when it exists.
+    kafka_conn_id: str = "rules_kafka"
+    bootstrap: str = "127.0.0.1:9092"
+    rules_topic: str = "rules.active"
+    # Spark: an Airflow connection (spark type) wins over `spark_master` when it exists.
+    spark_conn_id: str = "spark_rules"
+    spark_master: str = "local[2]"
+    spark_conf: dict[str, str] = field(
+        default_factory=lambda: {
+            "spark.sql.shuffle.partitions": "2",
+            "spark.default.parallelism": "2",
+            "spark.ui.enabled": "false",
+            "spark.sql.session.timeZone": "UTC",
+        }
+    )
+    # Rows per rule in the added/removed tables of a report.
+    report_max_rows: int = 200
+
+    def __post_init__(self) -> None:
+        if not self.report_dir:
+            self.report_dir = str(Path(self.state_dir) / "reports")
+        if not self.audit_dir:
+            self.audit_dir = str(Path(self.state_dir) / "audit")
+        if self.history_window_end not in ("latest", "interval"):
+            raise ValueError(f"history_window_end must be 'latest' or 'interval', not {self.history_window_end!r}")
+
+    @property
+    def checkout_dir(self) -> Path:
+        return Path(self.state_dir) / "checkouts"
+
+    @property
+    def mirror_dir(self) -> Path:
+        return Path(self.state_dir) / "mirror.git"
+
+    @property
+    def work_dir(self) -> Path:
+        return Path(self.state_dir) / "work"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> LifecycleSettings:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown rule_lifecycle setting(s): {', '.join(unknown)}")
+        return cls(**dict(data))
+
+
+def _coerce(name: str, text: str) -> object:
+    """Environment values are text; JSON-typed settings are parsed, TOPIC=PATH lists too."""
+    f = next(f for f in fields(LifecycleSettings) if f.name == name)
+    kind = str(f.type)
+    if kind.startswith("dict"):
+        text = text.strip()
+        if text.startswith("{"):
+            return json.loads(text)
+        return dict(part.split("=", 1) for part in text.split(",") if part.strip())
+    if kind == "bool":
+        return text.strip().lower() in ("1", "true", "yes", "on")
+    if kind == "float":
+        return float(text)
+    if kind == "int":
+        return int(text)
+    return text
+
+
+def env_settings(environ: Mapping[str, str] | None = None) -> dict:
+    env = os.environ if environ is None else environ
+    out: dict = {}
+    for f in fields(LifecycleSettings):
+        key = ENV_PREFIX + f.name.upper()
+        if key in env:
+            out[f.name] = _coerce(f.name, env[key])
+    return out
+
+
+def airflow_variable_settings() -> dict:
+    """The `rule_lifecycle` Variable, or {} outside Airflow / when it is not set."""
+    try:
+        from airflow.sdk import Variable
+    except ImportError:  # pragma: no cover - Airflow not installed
+        return {}
+    # Errors propagate: silently falling back to the defaults would release from the
+    # wrong repository or publish to the wrong broker.
+    value = Variable.get(VARIABLE_NAME, default=None, deserialize_json=True)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError(f"Airflow Variable {VARIABLE_NAME!r} must be a JSON object")
+    return value
+
+
+def resolve_settings(overrides: Mapping | None = None, *, use_airflow: bool = True) -> LifecycleSettings:
+    """Defaults < env < Airflow Variable < overrides (run conf / params)."""
+    merged: dict = {}
+    merged.update(env_settings())
+    if use_airflow:
+        merged.update(airflow_variable_settings())
+    merged.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    return LifecycleSettings.from_dict(merged)

@@ -1,0 +1,1 @@
+"""Running the platform on one machine: process supervision for `rulectl up`."""

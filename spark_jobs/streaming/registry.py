@@ -1,0 +1,224 @@
+"""The live rule set: `rules.active` consumed in the driver, newest record per rule.
+
+Flink broadcast state becomes a snapshot file here: a daemon thread reads the rules
+topic (assigned partitions, from the beginning: the topic is compacted and small),
+validates every message with the same pydantic model as `rulectl validate`, and
+atomically replaces `rules.json` in the job's state directory. The query's static
+rules DataFrame re-reads that file at every micro-batch, so each batch sees one
+consistent rule set and a published change applies from the next batch, no restart.
+
+An invalid message never replaces a good rule: it is reported (dead-letter topic and
+the job log) and the job keeps the rules it had.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from confluent_kafka import Consumer, TopicPartition
+from pydantic import ValidationError
+
+from spark_jobs.kafka import admin
+from spark_jobs.rules.model import AnyRule, CorrelationRule, VelocityRule, parse_rule, rule_to_json_dict
+
+log = logging.getLogger(__name__)
+
+ROUTED_TOPIC = "detect.routed"  # velocity emits bound for correlation; never the sink
+
+
+@dataclass
+class RuleProblem:
+    offset: int
+    key: str | None
+    raw: str
+    reason: str
+
+
+@dataclass
+class RuleSet:
+    """Rules in force, by rule_id (disabled rules removed)."""
+
+    rules: dict[str, AnyRule] = field(default_factory=dict)
+
+    def versions(self) -> dict[str, str]:
+        return {rid: r.version for rid, r in sorted(self.rules.items())}
+
+    def topics(self) -> list[str]:
+        """Topics the job must consume: sources and contexts of the rules in force."""
+        out: set[str] = set()
+        for r in self.rules.values():
+            if isinstance(r, CorrelationRule) and r.velocity_filter_rule_id:
+                out.add(ROUTED_TOPIC)
+            else:
+                out.add(r.source_topic)
+            if isinstance(r, CorrelationRule):
+                out.add(r.context_topic)
+        return sorted(out)
+
+
+def apply_record(rules: dict[str, AnyRule], key: str | None, value: bytes | None, offset: int) -> RuleProblem | None:
+    """Fold one rules-topic record into `rules`; returns a problem instead of raising."""
+    raw = value.decode("utf-8", errors="replace") if value is not None else ""
+    if value is None:
+        # A tombstone (compaction delete) removes the rule.
+        if key:
+            rules.pop(key, None)
+        return None
+    try:
+        data = json.loads(raw)
+        rule = parse_rule(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        return RuleProblem(offset, key, raw, f"invalid rule: not JSON ({exc})")
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[:3]
+        detail = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in first)
+        return RuleProblem(offset, key, raw, f"invalid rule: {detail}")
+    if key and key != rule.rule_id:
+        return RuleProblem(offset, key, raw, f"invalid rule: record key {key!r} != rule_id {rule.rule_id!r}")
+    if rule.enabled:
+        rules[rule.rule_id] = rule
+    else:
+        rules.pop(rule.rule_id, None)
+    return None
+
+
+def check_references(rules: dict[str, AnyRule]) -> dict[str, AnyRule]:
+    """Drop correlation rules whose velocity filter is gone (they receive no primaries)."""
+    out = dict(rules)
+    for rid, r in rules.items():
+        if isinstance(r, CorrelationRule) and r.velocity_filter_rule_id:
+            target = rules.get(r.velocity_filter_rule_id)
+            if not isinstance(target, VelocityRule) or target.emit_to_sink:
+                out.pop(rid)
+    return out
+
+
+def write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+class RuleRegistry:
+    """Follows `rules.active` and keeps `rules.json` / `topics.json` current."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        state_dir: Path,
+        topic: str = "rules.active",
+        on_problem: Callable[[RuleProblem], None] | None = None,
+        poll_interval_s: float = 0.2,
+    ) -> None:
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self.state_dir = state_dir
+        self.rules_file = state_dir / "rules.json"
+        self.topics_file = state_dir / "topics.json"
+        self.on_problem = on_problem
+        self.poll_interval_s = poll_interval_s
+        self._rules: dict[str, AnyRule] = {}
+        self._offsets: dict[int, int] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._consumer: Consumer | None = None
+        self._probe: Consumer | None = None
+        self.problems: list[RuleProblem] = []
+        state_dir.mkdir(parents=True, exist_ok=True)
+
+    # -- reading ---------------------------------------------------------------------
+    def _ensure_consumer(self) -> Consumer:
+        if self._consumer is None:
+            admin.create_topics(self.bootstrap, [self.topic])
+            self._consumer = Consumer({
+                "bootstrap.servers": self.bootstrap,
+                "group.id": f"rules-registry-{os.getpid()}",
+                "enable.auto.commit": False,
+                "enable.partition.eof": False,
+            })
+            parts = admin.topic_partitions(self.bootstrap, self.topic)
+            self._offsets = {p: 0 for p in parts}
+            self._consumer.assign([TopicPartition(self.topic, p, 0) for p in parts])
+        return self._consumer
+
+    def refresh(self, timeout_s: float = 10.0) -> bool:
+        """Read every record up to the current end of the topic; True if rules changed."""
+        consumer = self._ensure_consumer()
+        if self._probe is None:
+            self._probe = admin.probe_consumer(self.bootstrap)
+        ends = admin.end_offsets(self._probe, [(self.topic, p) for p in self._offsets])
+        target = {p: hi for (_t, p), (_lo, hi) in ends.items()}
+        changed = False
+        deadline = time.monotonic() + timeout_s
+        while any(self._offsets[p] < target.get(p, 0) for p in self._offsets):
+            if time.monotonic() > deadline:
+                log.warning("rules registry: timed out reading %s", self.topic)
+                break
+            msg = consumer.poll(0.2)
+            if msg is None or msg.error():
+                continue
+            key = msg.key().decode("utf-8", errors="replace") if msg.key() is not None else None
+            with self._lock:
+                before = self._snapshot_text()
+                problem = apply_record(self._rules, key, msg.value(), msg.offset())
+                changed |= before != self._snapshot_text()
+            self._offsets[msg.partition()] = msg.offset() + 1
+            if problem is not None:
+                self.problems.append(problem)
+                log.error("rules.active offset %s: %s", problem.offset, problem.reason)
+                if self.on_problem:
+                    self.on_problem(problem)
+        if changed or not self.rules_file.exists():
+            self._write()
+        return changed
+
+    def _snapshot_text(self) -> str:
+        rules = check_references(self._rules)
+        return json.dumps({rid: rule_to_json_dict(r) for rid, r in sorted(rules.items())}, sort_keys=True)
+
+    def _write(self) -> None:
+        with self._lock:
+            snapshot = self._snapshot_text()
+            topics = RuleSet(check_references(self._rules)).topics()
+        write_atomic(self.rules_file, snapshot)
+        write_atomic(self.topics_file, json.dumps(topics))
+
+    def current(self) -> RuleSet:
+        with self._lock:
+            return RuleSet(check_references(self._rules))
+
+    # -- background following ----------------------------------------------------------
+    def start(self) -> None:
+        self.refresh()
+        self._thread = threading.Thread(target=self._run, name="rules-registry", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.refresh(timeout_s=5.0)
+            except Exception:  # keep following; a broker hiccup must not kill the job
+                log.exception("rules registry refresh failed")
+            self._stop.wait(self.poll_interval_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        for c in (self._consumer, self._probe):
+            if c is not None:
+                c.close()
+        self._consumer = self._probe = None
+
+
+def load_snapshot(path: Path) -> dict[str, AnyRule]:
+    data = json.loads(path.read_text()) if path.exists() else {}
+    return {rid: parse_rule(d) for rid, d in data.items()}

@@ -1,0 +1,104 @@
+"""Rules as data: a batch Python data source over the registry's `rules.json`.
+
+The streaming query joins every micro-batch with this static DataFrame; Spark re-reads
+a static Python data source at each micro-batch, so the join always sees the current
+snapshot, and within one batch every task sees the same one (a broadcast).
+
+Each rule becomes one row per role it plays: `source` (events of its source topic),
+`context` (a correlation rule's context topic) or `routed` (a correlation rule fed by a
+velocity rule's routed emits). Paths are pre-converted to JSON paths and condition
+values to typed specs, so the query evaluates them with the engine's own expressions.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+from pyspark.sql.datasource import DataSource, DataSourceReader
+
+from spark_jobs.engine.conditions import value_spec
+from spark_jobs.engine.values import json_path
+from spark_jobs.rules.model import (
+    AnyRule,
+    Condition,
+    CorrelationRule,
+    ThresholdRule,
+    VelocityRule,
+    parse_rule,
+)
+
+RULES_SCHEMA = (
+    "rule_id string, rule_version string, rule_type string, role string, topic string, route_from string, "
+    "rule_json string, event_time boolean, "
+    "conditions array<struct<path:string,op:string,kind:string,num:double,str:string,flag:boolean>>, "
+    "key_path string, ts_path string, val_path string, val_need string"
+)
+
+
+def _cond(c: Condition) -> tuple:
+    spec = value_spec(c.value)
+    return (json_path(c.field), c.operator, spec["kind"], spec["num"], spec["str"], spec["bool"])
+
+
+def _path(p: str | None) -> str | None:
+    return json_path(p) if p else None
+
+
+def rule_rows(rule: AnyRule, routed_topic: str) -> list[tuple]:
+    """The rows of RULES_SCHEMA for one rule."""
+    rj = json.dumps(rule.model_dump(mode="json"), sort_keys=True)
+    base = (rule.rule_id, rule.version, rule.rule_type)
+    if isinstance(rule, ThresholdRule):
+        return [(*base, "source", rule.source_topic, None, rj, False, [_cond(c) for c in rule.conditions],
+                 None, None, None, "none")]
+    if isinstance(rule, VelocityRule):
+        if rule.aggregation_type in ("sum", "avg", "min", "max"):
+            need = "num"
+        else:
+            need = "json" if rule.aggregation_field else "none"
+        ts = _path(rule.timestamp_field) if rule.uses_event_time else None
+        return [(*base, "source", rule.source_topic, None, rj, rule.uses_event_time, [_cond(c) for c in rule.conditions],
+                 _path(rule.group_by), ts, _path(rule.aggregation_field), need)]
+    assert isinstance(rule, CorrelationRule)
+    rows = []
+    if rule.velocity_filter_rule_id:
+        rows.append((*base, "routed", routed_topic, rule.velocity_filter_rule_id, rj, True, [],
+                     _path(rule.correlation_key), _path(rule.timestamp_field), _path(rule.event_value_field), "none"))
+    else:
+        rows.append((*base, "source", rule.source_topic, None, rj, True, [],
+                     _path(rule.correlation_key), _path(rule.timestamp_field), _path(rule.event_value_field), "none"))
+    type_filter = []
+    if rule.context_type_field is not None:
+        type_filter = [_cond(Condition(field=rule.context_type_field, operator="==", value=rule.context_type_value))]
+    need = "num" if (rule.context_resolution != "last" or rule.metric != "direct") else "json"
+    rows.append((*base, "context", rule.context_topic, None, rj, True, type_filter,
+                 _path(rule.correlation_key), _path(rule.timestamp_field), _path(rule.context_value_field), need))
+    return rows
+
+
+class RulesSnapshotReader(DataSourceReader):
+    def __init__(self, path: str, routed_topic: str) -> None:
+        self.path = path
+        self.routed_topic = routed_topic
+
+    def read(self, partition: object) -> Iterator[tuple]:
+        p = Path(self.path)
+        data = json.loads(p.read_text()) if p.exists() else {}
+        for d in data.values():
+            yield from rule_rows(parse_rule(d), self.routed_topic)
+
+
+class RulesSnapshotDataSource(DataSource):
+    """`spark.read.format("rules_snapshot").option("path", ...).load()`"""
+
+    @classmethod
+    def name(cls) -> str:
+        return "rules_snapshot"
+
+    def schema(self) -> str:
+        return RULES_SCHEMA
+
+    def reader(self, schema: object) -> DataSourceReader:
+        return RulesSnapshotReader(self.options["path"], self.options.get("routed_topic", "detect.routed"))
