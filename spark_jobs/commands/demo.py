@@ -36,16 +36,40 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="produce a live demo event stream (or replay the demo history) to Kafka",
         description=__doc__.splitlines()[0],
     )
-    p.add_argument("--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP", "127.0.0.1:9092"), help="Kafka bootstrap servers")
+    p.add_argument(
+        "--bootstrap",
+        default=os.environ.get("KAFKA_BOOTSTRAP", "127.0.0.1:9092"),
+        help="Kafka bootstrap servers",
+    )
     p.add_argument("--rate", type=float, default=20.0, help="background events per second (default: 20)")
     length = p.add_mutually_exclusive_group()
     length.add_argument("--duration", type=float, default=None, metavar="S", help="stop after S seconds")
-    length.add_argument("--forever", action="store_true", help="run until Ctrl-C / SIGTERM (the default without --duration)")
-    p.add_argument("--replay", action="store_true", help="produce the demo history once, shifted to now, then exit")
-    p.add_argument("--fast", action="store_true", help="with --replay: produce as fast as possible, not at event-time pace")
+    length.add_argument(
+        "--forever", action="store_true", help="run until Ctrl-C / SIGTERM (the default without --duration)"
+    )
+    p.add_argument(
+        "--replay", action="store_true", help="produce the demo history once, shifted to now, then exit"
+    )
+    p.add_argument(
+        "--fast",
+        action="store_true",
+        help="with --replay: produce as fast as possible, not at event-time pace",
+    )
     p.add_argument("--seed", type=int, default=None, help="random seed: the same seed gives the same records")
-    p.add_argument("--pattern-every", type=float, default=10.0, metavar="S", help="seconds between injected patterns (0: none)")
-    p.add_argument("--malformed-every", type=float, default=20.0, metavar="S", help="mean seconds between malformed lines (0: none)")
+    p.add_argument(
+        "--pattern-every",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="seconds between injected patterns (0: none)",
+    )
+    p.add_argument(
+        "--malformed-every",
+        type=float,
+        default=20.0,
+        metavar="S",
+        help="mean seconds between malformed lines (0: none)",
+    )
     p.add_argument("--events-topic", default=EVENTS_TOPIC, help=f"events topic (default: {EVENTS_TOPIC})")
     p.add_argument("--context-topic", default=CONTEXT_TOPIC, help=f"context topic (default: {CONTEXT_TOPIC})")
     p.add_argument("--quiet", action="store_true", help="print only the final summary")
@@ -80,7 +104,10 @@ def run(args: argparse.Namespace) -> int:
         if args.replay:
             records = replay_records(start, args.events_topic, args.context_topic)
             mode = "replaying the demo history" + (" (fast)" if args.fast else " at event-time pace")
-            _say(out, f"demo: {mode}: {len(records)} records to {args.events_topic}, {args.context_topic} on {args.bootstrap}")
+            _say(
+                out,
+                f"demo: {mode}: {len(records)} records to {args.events_topic}, {args.context_topic} on {args.bootstrap}",
+            )
             stats = produce_records(records, sink, pace=not args.fast, stop=stop, out=out)
         else:
             mix = LiveMix(
@@ -94,7 +121,10 @@ def run(args: argparse.Namespace) -> int:
             )
             until = args.duration
             length = f"for {until:g}s" if until is not None else "until Ctrl-C"
-            _say(out, f"demo: {args.rate:g} events/s to {args.events_topic}, {args.context_topic} on {args.bootstrap}, {length}")
+            _say(
+                out,
+                f"demo: {args.rate:g} events/s to {args.events_topic}, {args.context_topic} on {args.bootstrap}, {length}",
+            )
             stats = produce_records(mix, sink, pace=True, until=until, stop=stop, out=out)
         return _finish(sink, stats)
     finally:
@@ -107,7 +137,10 @@ def _finish(sink: KafkaSink, stats: ProduceStats) -> int:
     print(f"demo: produced {stats.summary()}", flush=True)
     if remaining or sink.errors:
         detail = sink.last_error or f"{remaining} record(s) unacknowledged after 30s"
-        print(f"rulectl demo: delivery failed for {sink.errors + remaining} record(s): {detail}", file=sys.stderr)
+        print(
+            f"rulectl demo: delivery failed for {sink.errors + remaining} record(s): {detail}",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

@@ -28,12 +28,22 @@ from spark_jobs.kafka.admin import assign_consumer, end_offsets, probe_consumer,
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("tail", help="print a topic's records as they arrive", description=__doc__.splitlines()[0])
+    p = sub.add_parser(
+        "tail", help="print a topic's records as they arrive", description=__doc__.splitlines()[0]
+    )
     p.add_argument("topic", help="topic to follow, e.g. events.processed")
-    p.add_argument("--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP", "127.0.0.1:9092"), help="Kafka bootstrap servers")
-    p.add_argument("--from-beginning", action="store_true", help="start at the earliest offset, not at the end")
+    p.add_argument(
+        "--bootstrap",
+        default=os.environ.get("KAFKA_BOOTSTRAP", "127.0.0.1:9092"),
+        help="Kafka bootstrap servers",
+    )
+    p.add_argument(
+        "--from-beginning", action="store_true", help="start at the earliest offset, not at the end"
+    )
     p.add_argument("--max", type=int, default=None, metavar="N", help="exit after N records")
-    p.add_argument("--timeout", type=float, default=None, metavar="S", help="exit after S seconds without a new record")
+    p.add_argument(
+        "--timeout", type=float, default=None, metavar="S", help="exit after S seconds without a new record"
+    )
     p.add_argument("--meta", action="store_true", help="prefix each record with partition, offset and key")
     p.add_argument("--pretty", action="store_true", help="indent JSON values")
     p.set_defaults(func=run)
@@ -125,13 +135,17 @@ def _wait_for_partitions(bootstrap: str, topic: str, stop: threading.Event) -> l
         if parts:
             return parts
         if not announced:
-            print(f"rulectl tail: waiting for topic {topic!r} on {bootstrap} ...", file=sys.stderr, flush=True)
+            print(
+                f"rulectl tail: waiting for topic {topic!r} on {bootstrap} ...", file=sys.stderr, flush=True
+            )
             announced = True
         stop.wait(1.0)
     return None
 
 
-def _start_positions(bootstrap: str, topic: str, partitions: list[int], from_beginning: bool) -> list[TopicPartition]:
+def _start_positions(
+    bootstrap: str, topic: str, partitions: list[int], from_beginning: bool
+) -> list[TopicPartition]:
     probe = probe_consumer(bootstrap)
     try:
         bounds = end_offsets(probe, [(topic, p) for p in partitions])

@@ -33,6 +33,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -50,17 +51,36 @@ def register(sub: argparse._SubParsersAction) -> None:
         description=__doc__.splitlines()[0],
     )
     p.add_argument("--port", type=int, default=9092, help="broker port on 127.0.0.1 (default: 9092)")
-    p.add_argument("--partitions", type=int, default=2, help="partitions of events.raw / context.raw (default: 2)")
+    p.add_argument(
+        "--partitions", type=int, default=2, help="partitions of events.raw / context.raw (default: 2)"
+    )
     p.add_argument("--airflow-port", type=int, default=8080, help="Airflow UI/API port (default: 8080)")
-    p.add_argument("--airflow-host", default="127.0.0.1", help="Airflow UI listen address (default: 127.0.0.1)")
-    p.add_argument("--airflow-password", default=None, help="admin password (default: generated once, kept in the workdir)")
-    p.add_argument("--airflow-db", default=None, metavar="URL", help="Airflow metadata DB URL (default: SQLite in the workdir)")
+    p.add_argument(
+        "--airflow-host", default="127.0.0.1", help="Airflow UI listen address (default: 127.0.0.1)"
+    )
+    p.add_argument(
+        "--airflow-password",
+        default=None,
+        help="admin password (default: generated once, kept in the workdir)",
+    )
+    p.add_argument(
+        "--airflow-db",
+        default=None,
+        metavar="URL",
+        help="Airflow metadata DB URL (default: SQLite in the workdir)",
+    )
     p.add_argument("--no-airflow", action="store_true", help="do not start Airflow")
     p.add_argument("--no-demo", action="store_true", help="do not start the demo event generator")
-    p.add_argument("--no-detect", action="store_true", help="do not start the detection job (e.g. to run it yourself)")
-    p.add_argument("--demo-rate", type=float, default=20.0, help="demo background events per second (default: 20)")
+    p.add_argument(
+        "--no-detect", action="store_true", help="do not start the detection job (e.g. to run it yourself)"
+    )
+    p.add_argument(
+        "--demo-rate", type=float, default=20.0, help="demo background events per second (default: 20)"
+    )
     p.add_argument("--trigger-ms", type=int, default=None, help="detection job micro-batch trigger interval")
-    p.add_argument("--rules", default=str(PROJECT_ROOT / "rules"), metavar="DIR", help="rules to publish at start")
+    p.add_argument(
+        "--rules", default=str(PROJECT_ROOT / "rules"), metavar="DIR", help="rules to publish at start"
+    )
     p.add_argument("--workdir", default="var", help="state, checkpoints and logs (default: ./var)")
     p.set_defaults(func=run)
 
@@ -134,6 +154,9 @@ def detect_spec(args: argparse.Namespace, bootstrap: str, paths: Paths) -> Child
         stop_signal=signal.SIGTERM,  # the job's graceful stop: finish the batch, commit, exit 0
         stop_timeout=60.0,
         restart=DETECT_RESTART,
+        # The job writes its status file once running; the file of the previous run is
+        # removed before every (re)start so that "ready" means this run.
+        before_start=lambda: paths.status_file.unlink(missing_ok=True),
         ready=lambda: paths.status_file.exists(),
         ready_message=f"detection job running (status: {paths.status_file})",
     )
@@ -150,6 +173,12 @@ def demo_spec(args: argparse.Namespace, bootstrap: str, paths: Paths) -> ChildSp
         stop_timeout=20.0,
         echo=True,  # its pattern announcements tell the user what to look for
     )
+
+
+def airflow_url(args: argparse.Namespace) -> str:
+    """Where this machine reaches the Airflow API (a wildcard listen address is local)."""
+    host = "127.0.0.1" if args.airflow_host in ("0.0.0.0", "::", "") else args.airflow_host
+    return f"http://{host}:{args.airflow_port}"
 
 
 def airflow_binary() -> str | None:
@@ -189,7 +218,9 @@ def _airflow_secret(paths: Paths) -> str:
     return f.read_text().strip()
 
 
-def airflow_env(args: argparse.Namespace, bootstrap: str, paths: Paths, project_root: Path = PROJECT_ROOT) -> dict[str, str]:
+def airflow_env(
+    args: argparse.Namespace, bootstrap: str, paths: Paths, project_root: Path = PROJECT_ROOT
+) -> dict[str, str]:
     """Airflow 3.3 settings for the embedded platform (names from its config reference).
 
     The execution API URL must follow the port: task processes call it, and its default
@@ -203,20 +234,19 @@ def airflow_env(args: argparse.Namespace, bootstrap: str, paths: Paths, project_
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(project_root / "plugins"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__CORE__LAZY_LOAD_PLUGINS": "False",
-        # The platform's DAGs (release, supervisor, reports) are meant to run right away.
-        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
         "AIRFLOW__CORE__AUTH_MANAGER": "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
         "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json"),
         "AIRFLOW__API__HOST": args.airflow_host,
         "AIRFLOW__API__PORT": str(args.airflow_port),
         "AIRFLOW__API__WORKERS": "1",  # 2-core machines: one API worker is plenty
-        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{args.airflow_port}/execution/",
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{airflow_url(args)}/execution/",
         "AIRFLOW__API_AUTH__JWT_SECRET": _airflow_secret(paths),
         "AIRFLOW__API__SECRET_KEY": _airflow_secret(paths),
         "GX_ANALYTICS_ENABLED": "False",
         "RULE_LIFECYCLE_BOOTSTRAP": bootstrap,
-        "PYTHONPATH": str(project_root) + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else ""),
+        "PYTHONPATH": str(project_root)
+        + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else ""),
     }
     if args.airflow_db:
         env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = args.airflow_db
@@ -225,8 +255,14 @@ def airflow_env(args: argparse.Namespace, bootstrap: str, paths: Paths, project_
     return env
 
 
-def airflow_spec(args: argparse.Namespace, bootstrap: str, paths: Paths, binary: str) -> ChildSpec:
-    url = f"http://127.0.0.1:{args.airflow_port}"
+def airflow_spec(
+    args: argparse.Namespace,
+    bootstrap: str,
+    paths: Paths,
+    binary: str,
+    on_ready: Callable[[], None] | None = None,
+) -> ChildSpec:
+    url = airflow_url(args)
     return ChildSpec(
         name="airflow",
         argv=[binary, "standalone"],
@@ -239,7 +275,68 @@ def airflow_spec(args: argparse.Namespace, bootstrap: str, paths: Paths, binary:
         stop_timeout=60.0,
         ready=lambda: _http_ok(f"{url}/api/v2/monitor/health"),
         ready_message=f"Airflow UI ready: {url}",
+        on_ready=on_ready,
     )
+
+
+def unpause_platform_dags(
+    url: str,
+    password: str,
+    dags_folder: Path,
+    marker: Path,
+    say: Callable[[str], None],
+    deadline_s: float = 300.0,
+) -> None:
+    """On the first start of a workdir, unpause the DAGs of this repository's dags/.
+
+    The platform's DAGs (release, detection supervisor, reports) are meant to run from
+    the start. Letting Airflow create them unpaused races its API server on a first
+    start: the scheduler launches a task before the execution API listens, and the run
+    fails. So they are created paused (Airflow's default) and unpaused here, once the API
+    answers. Only once per workdir (`marker`): a DAG the user paused later stays paused.
+    """
+    if marker.exists():
+        return
+    token = _api_token(url, "admin", password)
+    expected = {f.name for f in dags_folder.glob("*.py") if not f.name.startswith("_")}
+    seen_files: set[str] = set()
+    unpaused: list[str] = []
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        dags = _api(url, token, "GET", "/api/v2/dags?limit=500").get("dags", [])
+        for dag in dags:
+            fileloc = Path(dag.get("fileloc") or "")
+            if fileloc.parent != dags_folder:
+                continue
+            seen_files.add(fileloc.name)
+            if dag.get("is_paused") and dag["dag_id"] not in unpaused:
+                _api(url, token, "PATCH", f"/api/v2/dags/{dag['dag_id']}", {"is_paused": False})
+                unpaused.append(dag["dag_id"])
+        if expected <= seen_files:
+            break
+        time.sleep(5.0)
+    marker.write_text(json.dumps({"unpaused": unpaused}) + "\n")
+    if unpaused:
+        say(f"Airflow: unpaused {', '.join(sorted(unpaused))} (first start of this workdir)")
+    missing = sorted(expected - seen_files)
+    if missing:
+        say(f"Airflow: no DAG parsed yet from {', '.join(missing)} (import errors? see the UI)")
+
+
+def _api_token(url: str, user: str, password: str) -> str:
+    body = json.dumps({"username": user, "password": password}).encode()
+    req = urllib.request.Request(f"{url}/auth/token", data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return str(json.loads(resp.read())["access_token"])
+
+
+def _api(url: str, token: str, method: str, path: str, body: object = None) -> dict:
+    data = json.dumps(body).encode() if body is not None else None
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    req = urllib.request.Request(f"{url}{path}", data=data, method=method, headers=headers)
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        raw = resp.read()
+    return json.loads(raw) if raw else {}
 
 
 def _http_ok(url: str) -> bool:
@@ -250,7 +347,13 @@ def _http_ok(url: str) -> bool:
         return False
 
 
-def plan(args: argparse.Namespace, bootstrap: str, paths: Paths, airflow_bin: str | None) -> list[ChildSpec]:
+def plan(
+    args: argparse.Namespace,
+    bootstrap: str,
+    paths: Paths,
+    airflow_bin: str | None,
+    airflow_on_ready: Callable[[], None] | None = None,
+) -> list[ChildSpec]:
     """The child processes, in start order (they are stopped in reverse)."""
     specs: list[ChildSpec] = []
     if not args.no_detect:
@@ -259,8 +362,10 @@ def plan(args: argparse.Namespace, bootstrap: str, paths: Paths, airflow_bin: st
         specs.append(demo_spec(args, bootstrap, paths))
     if not args.no_airflow:
         if airflow_bin is None:
-            raise ValueError("airflow is not installed (pip install 'rule-platform[airflow]'), or use --no-airflow")
-        specs.append(airflow_spec(args, bootstrap, paths, airflow_bin))
+            raise ValueError(
+                "airflow is not installed (pip install 'rule-platform[airflow]'), or use --no-airflow"
+            )
+        specs.append(airflow_spec(args, bootstrap, paths, airflow_bin, airflow_on_ready))
     return specs
 
 
@@ -280,18 +385,30 @@ def run(args: argparse.Namespace) -> int:
     # longer exist, and the job would refuse to start (or skip data). Start afresh.
     shutil.rmtree(paths.detect_dir, ignore_errors=True)
     paths.detect_dir.mkdir(parents=True, exist_ok=True)
+    sup = Supervisor(on_change=lambda s: _write_state(s, paths, bootstrap, args))
     try:
-        specs = plan(args, bootstrap, paths, airflow_binary())
         password = airflow_password(paths, args.airflow_password) if not args.no_airflow else None
+        on_ready = None
+        if password is not None:
+            url = airflow_url(args)
+            marker = paths.airflow_home / ".platform_dags_unpaused"
+            dags_folder = PROJECT_ROOT / "dags"
+            on_ready = lambda: unpause_platform_dags(url, password, dags_folder, marker, sup.say)  # noqa: E731
+        specs = plan(args, bootstrap, paths, airflow_binary(), on_ready)
     except ValueError as exc:
         print(f"rulectl up: {exc}", file=sys.stderr)
         return 2
 
-    sup = Supervisor(on_change=lambda s: _write_state(s, paths, bootstrap, args))
     stop = threading.Event()
     previous = _install_handlers(stop, sup)
     try:
-        broker = EmbeddedBroker(port=args.port, host=host, topics=DEFAULT_TOPICS, partitions=args.partitions, log_path=paths.logs / "broker.log")
+        broker = EmbeddedBroker(
+            port=args.port,
+            host=host,
+            topics=DEFAULT_TOPICS,
+            partitions=args.partitions,
+            log_path=paths.logs / "broker.log",
+        )
         sup.say(f"starting broker on {bootstrap} ...")
         sup.start(BrokerComponent(broker))
         n_rules = _publish(args.rules, bootstrap, sup)
@@ -322,7 +439,9 @@ def _preflight(args: argparse.Namespace, host: str) -> list[str]:
     if port_in_use(host, args.port):
         problems.append(f"port {args.port} is in use (another broker? use --port)")
     if not args.no_airflow and port_in_use("127.0.0.1", args.airflow_port):
-        problems.append(f"port {args.airflow_port} is in use (another Airflow? use --airflow-port or --no-airflow)")
+        problems.append(
+            f"port {args.airflow_port} is in use (another Airflow? use --airflow-port or --no-airflow)"
+        )
     if args.partitions < 1:
         problems.append("--partitions must be at least 1")
     if args.demo_rate <= 0:
@@ -341,10 +460,14 @@ def _publish(rules_dir: str, bootstrap: str, sup: Supervisor) -> int | None:
     if loaded.errors:
         for err in loaded.errors:
             sup.say(f"ERROR {err}")
-        sup.say(f"rulectl up: {len(loaded.errors)} invalid rule(s) in {rules_dir}: nothing published, stopping")
+        sup.say(
+            f"rulectl up: {len(loaded.errors)} invalid rule(s) in {rules_dir}: nothing published, stopping"
+        )
         return None
     result = publish_rules([lr.rule for lr in loaded.rules], bootstrap, published_by="rulectl up")
-    sup.say(f"published {len(result.published)} rule(s) to {result.topic} ({len(result.unchanged)} unchanged)")
+    sup.say(
+        f"published {len(result.published)} rule(s) to {result.topic} ({len(result.unchanged)} unchanged)"
+    )
     return len(loaded.rules)
 
 
@@ -366,13 +489,16 @@ def _banner(
         f"  rules      {n_rules} published to rules.active from {args.rules}",
     ]
     if "detect" in procs:
-        lines.append(f"  detection  rulectl detect, pid {procs['detect']['pid']}, restarted if it exits; log {paths.logs / 'detect.log'}")
+        lines.append(
+            f"  detection  rulectl detect, pid {procs['detect']['pid']}, restarted if it exits; log {paths.logs / 'detect.log'}"
+        )
         lines.append(f"             checkpoint {paths.checkpoint}, status {paths.status_file}")
     if "demo" in procs:
-        lines.append(f"  demo       {args.demo_rate:g} events/s + a seed pattern every 10 s; log {paths.logs / 'demo.log'}")
+        lines.append(
+            f"  demo       {args.demo_rate:g} events/s + a seed pattern every 10 s; log {paths.logs / 'demo.log'}"
+        )
     if "airflow" in procs:
-        host = "127.0.0.1" if args.airflow_host in ("0.0.0.0", "::") else args.airflow_host
-        lines.append(f"  Airflow    http://{host}:{args.airflow_port}  login: admin / {password}  (starting, ~1 min)")
+        lines.append(f"  Airflow    {airflow_url(args)}  login: admin / {password}  (starting, ~1 min)")
         lines.append(f"             home {paths.airflow_home}, log {paths.logs / 'airflow.log'}")
     lines += [
         f"  state      {paths.state_file} (pids, logs; SIGTERM the detect pid to restart the job)",
@@ -400,7 +526,7 @@ def _write_state(sup: Supervisor, paths: Paths, bootstrap: str, args: argparse.N
             "status_file": str(paths.status_file),
             "restart": "send SIGTERM to components.detect.pid: rulectl up restarts it from its checkpoint",
         },
-        "airflow_url": None if args.no_airflow else f"http://127.0.0.1:{args.airflow_port}",
+        "airflow_url": None if args.no_airflow else airflow_url(args),
         "components": sup.describe(),
         "history": sup.history[-50:],
     }

@@ -124,6 +124,16 @@ def iso(t: datetime) -> str:
     return t.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+def whole_ms(t: datetime) -> datetime:
+    """`t` in UTC truncated to the millisecond, the timestamps' resolution.
+
+    Starting the clock on a whole millisecond keeps every offset exact in the ISO
+    strings (offsets are multiples of a millisecond), so relative timings survive.
+    """
+    t = t.astimezone(UTC)
+    return t.replace(microsecond=t.microsecond // 1000 * 1000)
+
+
 def record_key(record: dict[str, Any]) -> str | None:
     """The Kafka key of a record: its user_id, currency_pair or sensor_id, if any."""
     for name in KEY_FIELDS:
@@ -168,6 +178,7 @@ def replay_records(
     That preserves the deliberate arrival-order twist of the history (the GBPUSD rate
     is recorded after the transaction it judges) instead of re-sorting it away.
     """
+    start = whole_ms(start)
     events, context = demo_history(start)
     out: list[tuple[float, int, DemoRecord]] = []
     seq = itertools.count()
@@ -217,7 +228,7 @@ class LiveMix:
             raise ValueError("rate must be positive")
         self.rate = float(rate)
         self.rng = random.Random(seed)
-        self.start = (start or datetime.now(UTC)).astimezone(UTC)
+        self.start = whole_ms(start or datetime.now(UTC))
         self.pattern_every = float(pattern_every)
         self.malformed_every = float(malformed_every)
         self.events_topic = events_topic
@@ -251,7 +262,9 @@ class LiveMix:
     def _push(self, offset: float, payload: Any) -> None:
         heapq.heappush(self._heap, _Item(offset, next(self._seq), payload))
 
-    def _emit(self, offset: float, topic: str, record: dict[str, Any], kind: str, note: str | None = None) -> None:
+    def _emit(
+        self, offset: float, topic: str, record: dict[str, Any], kind: str, note: str | None = None
+    ) -> None:
         stamped = {**record, "timestamp": iso(self.start + timedelta(seconds=offset))}
         self._push(offset, DemoRecord(offset, topic, record_key(stamped), _encode(stamped), kind, note))
 
@@ -308,7 +321,12 @@ class LiveMix:
         if kind == "click":
             return {"type": "click", "user_id": user, "page": rng.choice(PAGES)}
         if kind == "view":
-            return {"type": "view", "user_id": user, "page": f"/p/{rng.randint(1, 500)}", "duration_ms": rng.randint(200, 60_000)}
+            return {
+                "type": "view",
+                "user_id": user,
+                "page": f"/p/{rng.randint(1, 500)}",
+                "duration_ms": rng.randint(200, 60_000),
+            }
         if kind == "purchase":
             # Median ~7, about one in ten at 20 or more (purchase_threshold fires on those).
             value = min(500.0, round(math.exp(rng.gauss(2.0, 0.8)), 2))
@@ -322,7 +340,12 @@ class LiveMix:
                 "latency_ms": rng.randint(5, 400),
             }
         if kind == "post":
-            return {"type": "post", "user_id": user, "hashtag": rng.choice(self.hashtags), "post_id": f"p-{n}"}
+            return {
+                "type": "post",
+                "user_id": user,
+                "hashtag": rng.choice(self.hashtags),
+                "post_id": f"p-{n}",
+            }
         if kind == "transaction":
             pair = rng.choice(list(self.fx_rates))
             implied = self.fx_rates[pair] * (1 + rng.uniform(-0.008, 0.008))
@@ -346,7 +369,14 @@ class LiveMix:
     def _tick_reputations(self, offset: float) -> None:
         """Every user gets a (good) reputation, so hot hashtags find their posters' context."""
         for user in self.users:
-            self._context(offset, {"type": "user_reputation", "user_id": user, "reputation": round(self.rng.uniform(0.5, 1.0), 2)})
+            self._context(
+                offset,
+                {
+                    "type": "user_reputation",
+                    "user_id": user,
+                    "reputation": round(self.rng.uniform(0.5, 1.0), 2),
+                },
+            )
         self._timer(offset + REPUTATION_REFRESH_S, self._tick_reputations)
 
     def _make_fx_tick(self, pair: str) -> Callable[[float], None]:
@@ -401,13 +431,23 @@ class LiveMix:
         user = f"u_burst_{k}"
         for i in range(12):
             note = self._note("click_burst", f"{user} clicks 12 times in 9 s") if i == 0 else None
-            self._event(t + i * 0.75, {"type": "click", "user_id": user, "page": f"/p/{i}", "scenario": "click_burst"}, note)
+            self._event(
+                t + i * 0.75,
+                {"type": "click", "user_id": user, "page": f"/p/{i}", "scenario": "click_burst"},
+                note,
+            )
 
     def _pattern_purchase_spree(self, t: float, k: int) -> None:
         user = f"u_spree_{k}"
         for i, value in enumerate((400, 350, 300)):
             note = self._note("purchase_spree", f"{user} spends 1050 in 16 s") if i == 0 else None
-            record = {"type": "purchase", "user_id": user, "value": value, "order_id": f"spree-{k}-{i}", "scenario": "purchase_spree"}
+            record = {
+                "type": "purchase",
+                "user_id": user,
+                "value": value,
+                "order_id": f"spree-{k}-{i}",
+                "scenario": "purchase_spree",
+            }
             self._event(t + i * 8.0, record, note)
 
     def _pattern_fx_off_market(self, t: float, k: int) -> None:
@@ -426,12 +466,25 @@ class LiveMix:
     def _pattern_hot_hashtag(self, t: float, k: int) -> None:
         tag = f"#trend_{k}"
         bot = f"u_bot_{k}"
-        self._context(t, {"type": "user_reputation", "user_id": bot, "reputation": round(self.rng.uniform(0.05, 0.35), 2)})
+        self._context(
+            t,
+            {"type": "user_reputation", "user_id": bot, "reputation": round(self.rng.uniform(0.05, 0.35), 2)},
+        )
         posters = self.rng.sample(self.users, 7)
         posters.insert(5, bot)  # the 6th post: the hashtag is hot (5+ posts in 30 s) by then
         for i, user in enumerate(posters):
-            note = self._note("hot_hashtag", f"{bot} (low reputation) joins 7 posts on {tag}") if i == 0 else None
-            record = {"type": "post", "user_id": user, "hashtag": tag, "post_id": f"trend-{k}-{i}", "scenario": "hot_hashtag"}
+            note = (
+                self._note("hot_hashtag", f"{bot} (low reputation) joins 7 posts on {tag}")
+                if i == 0
+                else None
+            )
+            record = {
+                "type": "post",
+                "user_id": user,
+                "hashtag": tag,
+                "post_id": f"trend-{k}-{i}",
+                "scenario": "hot_hashtag",
+            }
             self._event(t + 0.1 + i * 2.5, record, note)
 
     def _pattern_api_burst(self, t: float, k: int) -> None:
@@ -503,7 +556,9 @@ class KafkaSink:
         key = record.key.encode("utf-8") if record.key is not None else None
         while True:
             try:
-                self._producer.produce(record.topic, key=key, value=record.value, on_delivery=self._on_delivery)
+                self._producer.produce(
+                    record.topic, key=key, value=record.value, on_delivery=self._on_delivery
+                )
                 return
             except BufferError:  # local queue full: let deliveries drain, then retry
                 self._producer.poll(0.1)
@@ -590,7 +645,11 @@ def produce_records(
                 print(f"[{now:7.1f}s] produced {stats.summary()}", file=out, flush=True)
                 next_report = now + report_every
             if pace and stats.max_lag_s > 2.0 and now - warned_lag_at > report_every:
-                print(f"[{now:7.1f}s] WARNING: {stats.max_lag_s:.1f}s behind schedule (--rate too high?)", file=out, flush=True)
+                print(
+                    f"[{now:7.1f}s] WARNING: {stats.max_lag_s:.1f}s behind schedule (--rate too high?)",
+                    file=out,
+                    flush=True,
+                )
                 warned_lag_at = now
         if stats.total % 1000 == 0:
             sink.poll()

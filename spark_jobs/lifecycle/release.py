@@ -65,7 +65,13 @@ def detect_candidate(settings: LifecycleSettings, commit: str | None = None) -> 
     """
     mirror = g.sync_mirror(settings.repo, settings.mirror_dir)
     explicit = bool(commit)
-    sha = g.resolve(mirror, commit or settings.branch)
+    try:
+        sha = g.resolve(mirror, commit or settings.branch)
+    except g.GitError:
+        if explicit:
+            raise
+        log.info("Branch %s of %s has no commit yet.", settings.branch, settings.repo)
+        return None
     base = audit.last_published_commit(settings.audit_dir, settings.repo, settings.branch)
     if not explicit:
         if sha in audit.processed_commits(settings.audit_dir):

@@ -66,6 +66,8 @@ class ChildSpec:
     echo: bool = False  # also copy output lines to the console, prefixed with the name
     ready: Callable[[], bool] | None = None
     ready_message: str | None = None
+    on_ready: Callable[[], None] | None = None  # run once per start, in a thread, when ready
+    before_start: Callable[[], None] | None = None  # e.g. clear a stale readiness marker
 
 
 class Component(Protocol):
@@ -98,12 +100,16 @@ class ChildProcess:
 
     def start(self) -> None:
         """Spawn the process in a new session; output to its log (and console if echo)."""
+        if self.spec.before_start is not None:
+            self.spec.before_start()
         log_file = None
         if self.spec.log_path is not None:
             path = Path(self.spec.log_path)
             path.parent.mkdir(parents=True, exist_ok=True)
             log_file = open(path, "ab")  # noqa: SIM115 - closed when the child is stopped
-            log_file.write(f"\n==== {time.strftime('%Y-%m-%d %H:%M:%S')} starting {self.name}: {list(self.spec.argv)}\n".encode())
+            log_file.write(
+                f"\n==== {time.strftime('%Y-%m-%d %H:%M:%S')} starting {self.name}: {list(self.spec.argv)}\n".encode()
+            )
             log_file.flush()
         self._log = log_file
         stdout: object = subprocess.PIPE if self.spec.echo else (log_file if log_file is not None else None)
@@ -145,7 +151,11 @@ class ChildProcess:
         if proc.poll() is None:
             _signal_pid(proc.pid, self.spec.stop_signal)
             if not _wait(proc, self.spec.stop_timeout, force):
-                print(f"{self.name}: still running after {self.spec.stop_timeout:g}s, terminating", file=self.out, flush=True)
+                print(
+                    f"{self.name}: still running after {self.spec.stop_timeout:g}s, terminating",
+                    file=self.out,
+                    flush=True,
+                )
                 _signal_group(proc.pid, signal.SIGTERM)
                 if not _wait(proc, 5.0, force):
                     _signal_group(proc.pid, signal.SIGKILL)
@@ -357,6 +367,16 @@ class Supervisor:
             watch.ready_reported = True
             self.history.append(f"ready {watch.component.name}")
             self.say(spec.ready_message or f"{watch.component.name} is ready")
+            if spec.on_ready is not None:
+                threading.Thread(
+                    target=self._run_hook, args=(watch.component.name, spec.on_ready), daemon=True
+                ).start()
+
+    def _run_hook(self, name: str, hook: Callable[[], None]) -> None:
+        try:
+            hook()
+        except Exception as exc:  # noqa: BLE001 - a hook failing must not stop the platform
+            self.say(f"{name}: post-start step failed: {exc}")
 
     def _print_tail(self, comp: Component, code: int) -> None:
         if code == 0 or not isinstance(comp, ChildProcess):

@@ -1,0 +1,65 @@
+"""backtest_report: the published rule set over the last day of history, every day.
+
+Reads the live rules from `rules.active`, checks the history with Great Expectations,
+backtests on Spark (SparkSubmitOperator) and keeps a dated report per run under
+`<report_dir>/backtest_report/<YYYY-MM-DD>/`, shown in the run's "Backtest report" tab.
+Schedule: RULE_BACKTEST_REPORT_SCHEDULE (default @daily). Logic: spark_jobs.lifecycle.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from datetime import datetime
+
+from airflow.sdk import DAG, Param, get_current_context, task
+from airflow.task.trigger_rule import TriggerRule
+from rule_lifecycle.hooks import RulesTopicHook
+from rule_lifecycle.operators import RuleBacktestOperator
+
+from spark_jobs.lifecycle import scheduled
+from spark_jobs.lifecycle.release import REPORT_XCOM_KEY
+from spark_jobs.lifecycle.settings import resolve_settings
+
+log = logging.getLogger(__name__)
+
+with DAG(
+    dag_id="backtest_report",
+    description="Daily backtest report of the published rules",
+    schedule=os.environ.get("RULE_BACKTEST_REPORT_SCHEDULE", "@daily"),
+    start_date=datetime(2026, 1, 1),
+    catchup=False,
+    max_active_runs=1,
+    tags=["rules", "report"],
+    params={"settings": Param({}, type="object", description="Overrides of the rule_lifecycle settings")},
+    doc_md=__doc__,
+) as dag:
+
+    @task(multiple_outputs=True)
+    def prepare() -> dict:
+        """Live rules, history window + slice + data quality, backtest plan."""
+        ctx = get_current_context()
+        settings = resolve_settings(ctx["params"].get("settings") or {})
+        live = RulesTopicHook(settings.kafka_conn_id, bootstrap=settings.bootstrap, topic=settings.rules_topic).current_rules()
+        when = ctx.get("data_interval_end") or ctx.get("logical_date")
+        key = (ctx.get("logical_date") or when or datetime.now()).strftime("%Y-%m-%d")
+        plan = scheduled.plan_scheduled(
+            settings, live, dag_id=ctx["dag"].dag_id, run_id=ctx["run_id"], report_key=key, interval_end=when
+        )
+        log.info("%d live rule(s); window %s; data quality %s", len(live), plan["window"], plan["quality"]["success"])
+        return plan
+
+    @task(trigger_rule=TriggerRule.NONE_FAILED)
+    def build_report(plan: dict) -> dict:
+        """The dated report (HTML + JSON), with the trend of earlier days."""
+        ctx = get_current_context()
+        result = scheduled.build_scheduled_report(plan, dag_id=ctx["dag"].dag_id, run_id=ctx["run_id"])
+        ctx["ti"].xcom_push(key=REPORT_XCOM_KEY, value=result)
+        log.info("Report: %s; detections per rule: %s", result["html"], result["detections"])
+        return result
+
+    plan = prepare()
+    backtest = RuleBacktestOperator(
+        task_id="backtest_published_rules", backtest=plan["backtest"], inputs=plan["inputs"], settings=plan["settings"]
+    )
+    backtest >> build_report(plan)

@@ -1,0 +1,183 @@
+"""rule_release: a commit to rules/ -> validate -> backtest -> approval in the UI -> publish.
+
+Polls the rules repository (every RULE_RELEASE_POLL_MINUTES, default 5) and runs once per
+new commit on the tracked branch; trigger it with `{"commit": "<sha>"}` to release a
+given commit. Invalid rules end the run at `validate_rules` with file/field/reason in
+its log. The approver reads the report (linked from the approval page and shown in the
+run's "Backtest report" tab) and approves or rejects in Airflow's Required Actions page;
+only an approval publishes, and `record_outcome` writes the decision to the audit log
+(`rulectl history RULE_ID`). The logic lives in spark_jobs.lifecycle and plugins/.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from datetime import datetime, timedelta
+
+from airflow.sdk import DAG, Param, get_current_context, task
+from airflow.sdk.exceptions import AirflowFailException
+from airflow.task.trigger_rule import TriggerRule
+from rule_lifecycle.hooks import RulesTopicHook
+from rule_lifecycle.operators import PublishRulesOperator, ReleaseApprovalOperator, RuleBacktestOperator
+from rule_lifecycle.sensors import RulesCommitSensor
+
+from spark_jobs.lifecycle import release
+
+log = logging.getLogger(__name__)
+POLL = timedelta(minutes=float(os.environ.get("RULE_RELEASE_POLL_MINUTES", "5")))
+
+
+def _setting(name: str) -> str:
+    """Jinja for one of the run's resolved settings (pushed by detect_commit)."""
+    return "{{ ti.xcom_pull(task_ids='detect_commit')['settings']['" + name + "'] }}"
+
+
+def _run_ids() -> tuple[str, str]:
+    ctx = get_current_context()
+    return ctx["dag"].dag_id, ctx["run_id"]
+
+
+def _topic_hook(candidate: dict) -> RulesTopicHook:
+    s = candidate["settings"]
+    return RulesTopicHook(s["kafka_conn_id"], bootstrap=s["bootstrap"], topic=s["rules_topic"])
+
+
+with DAG(
+    dag_id="rule_release",
+    description="Validate, backtest, approve and publish the rules of a new commit",
+    schedule=POLL,
+    start_date=datetime(2026, 1, 1),
+    catchup=False,
+    max_active_runs=1,
+    tags=["rules", "release"],
+    params={
+        "commit": Param(None, type=["null", "string"], description="Release this commit (default: new head of the branch)"),
+        "settings": Param({}, type="object", description="Overrides of the rule_lifecycle settings for this run"),
+    },
+    doc_md=__doc__,
+) as dag:
+    detect = RulesCommitSensor(
+        task_id="detect_commit",
+        commit="{{ params.commit or '' }}",
+        mode="reschedule",
+        poke_interval=max(30.0, POLL.total_seconds() / 5),
+        timeout=POLL.total_seconds() * 0.9,
+        soft_fail=True,
+    )
+
+    @task(multiple_outputs=True)
+    def validate_rules(candidate: dict) -> dict:
+        """`rulectl validate --base <last published commit>` on the commit, vs the live rules."""
+        dag_id, run_id = _run_ids()
+        live = _topic_hook(candidate).current_rules()
+        try:
+            validation = release.validate_candidate(candidate, live)
+        except release.ValidationFailed as exc:
+            for e in exc.errors:
+                log.error("INVALID RULE %s: field '%s': %s", e["file"], e["field"], e["reason"])
+            release.record_decision(
+                candidate, None, event="invalid", dag_id=dag_id, run_id=run_id, reason=str(exc), errors=exc.errors
+            )
+            raise AirflowFailException(f"Validation failed for {candidate['short']}: {exc}") from None
+        log.info("Valid. Changed rules vs rules.active: %s", validation["changed_rule_ids"] or "none")
+        validation["live_rules"] = live
+        validation["to_publish"] = release.rules_to_publish(validation)
+        return validation
+
+    @task.short_circuit
+    def has_changes(candidate: dict, validation: dict) -> bool:
+        """Stop here when the commit's rules are exactly the live ones."""
+        if validation["changed_rule_ids"]:
+            return True
+        dag_id, run_id = _run_ids()
+        log.info("Nothing to release: the rules at %s are what %s holds.", candidate["short"], candidate["settings"]["rules_topic"])
+        release.record_decision(candidate, validation, event="no_change", dag_id=dag_id, run_id=run_id, reason="no rule changed")
+        return False
+
+    @task(multiple_outputs=True)
+    def check_history(candidate: dict, validation: dict) -> dict:
+        """Window + slice of the event history, and its Great Expectations suite."""
+        dag_id, run_id = _run_ids()
+        plan = release.plan_release_backtests(candidate, validation, validation["live_rules"], dag_id=dag_id, run_id=run_id)
+        q = plan["quality"]
+        (log.info if q["success"] else log.warning)(
+            "History data quality %s (%s failed expectation(s)); window %s",
+            "passed" if q["success"] else "FAILED",
+            q["failed_expectations"],
+            plan["window"],
+        )
+        return {**plan, "settings": candidate["settings"]}
+
+    @task(trigger_rule=TriggerRule.NONE_FAILED)
+    def build_report(candidate: dict, validation: dict, plan: dict) -> dict:
+        """report.html + report.json, and the approval page text."""
+        from airflow.configuration import conf
+
+        dag_id, run_id = _run_ids()
+        base_url = conf.get("api", "base_url", fallback="") or ""
+        from urllib.parse import urlparse
+
+        result = release.build_release_report(
+            candidate, validation, plan, validation["live_rules"], dag_id=dag_id, run_id=run_id, base_url=urlparse(base_url).path
+        )
+        get_current_context()["ti"].xcom_push(key=release.REPORT_XCOM_KEY, value=result)
+        log.info("Report: %s (served at %s)", result["html"], result["url"])
+        return result
+
+    @task(trigger_rule=TriggerRule.NONE_FAILED)
+    def record_outcome(candidate: dict, validation: dict, report: dict) -> str:
+        """Write the decision (who, when, what) to the audit log and say it in the log."""
+        ctx = get_current_context()
+        dag_id, run_id = _run_ids()
+        outcome = release.approval_outcome(ctx["ti"].xcom_pull(task_ids="approve", key="response"))
+        published = ctx["ti"].xcom_pull(task_ids="publish")
+        who = (outcome["by"] or {}).get("name") or "?"
+        if outcome["approved"] and published is not None:
+            release.record_decision(
+                candidate, validation, event="published", dag_id=dag_id, run_id=run_id,
+                approval=outcome, published=published, report=report["html"],
+            )
+            msg = f"Approved by {who} at {outcome['at']}: published {published['published'] or 'nothing new'}"
+        else:
+            reason = outcome["comment"] or "no reason given"
+            release.record_decision(
+                candidate, validation, event="rejected", dag_id=dag_id, run_id=run_id,
+                approval=outcome, report=report["html"], reason=reason,
+            )
+            msg = f"Rejected by {who} at {outcome['at']}: {reason}. Nothing was published."
+        log.info(msg)
+        return msg
+
+    candidate = detect.output
+    validation = validate_rules(candidate)
+    go = has_changes(candidate, validation)
+    plan = check_history(candidate, validation)
+    go >> plan
+    bt_candidate = RuleBacktestOperator(
+        task_id="backtest_candidate", backtest=plan["candidate"], inputs=plan["inputs"], settings=plan["settings"]
+    )
+    bt_published = RuleBacktestOperator(
+        task_id="backtest_published", backtest=plan["published"], inputs=plan["inputs"], settings=plan["settings"]
+    )
+    report = build_report(candidate, validation, plan)
+    [bt_candidate, bt_published] >> report
+    approve = ReleaseApprovalOperator(
+        task_id="approve",
+        subject="{{ ti.xcom_pull(task_ids='build_report')['subject'] }}",
+        body="{{ ti.xcom_pull(task_ids='build_report')['approval_body'] }}",
+        params={
+            "comment": Param(None, type=["null", "string"], title="Comment", description="Why (kept in the audit log)"),
+        },
+        response_timeout=timedelta(days=7),
+    )
+    publish = PublishRulesOperator(
+        task_id="publish",
+        rules=validation["to_publish"],
+        kafka_config_id=_setting("kafka_conn_id"),
+        bootstrap=_setting("bootstrap"),
+        topic=_setting("rules_topic"),
+        commit="{{ ti.xcom_pull(task_ids='detect_commit')['commit'] }}",
+        published_by="{{ ((ti.xcom_pull(task_ids='approve', key='response') or {}).get('responded_by_user') or {}).get('name', '') }}",
+    )
+    report >> approve >> publish >> record_outcome(candidate, validation, report)

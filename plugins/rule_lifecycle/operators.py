@@ -1,0 +1,184 @@
+"""Operators of the rule lifecycle."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+from airflow.providers.common.compat.sdk import AirflowSkipException, BaseOperator
+from airflow.providers.standard.operators.hitl import ApprovalOperator
+
+from rule_lifecycle.hooks import RuleSparkSubmitHook, RulesTopicHook
+
+
+class PublishRulesOperator(BaseOperator):
+    """Publish rule documents to the rules topic (idempotent: live versions are skipped).
+
+    :param rules: rule documents (canonical JSON dicts), e.g. an XComArg.
+    :param kafka_config_id: Kafka connection id (see RulesTopicHook).
+    :param bootstrap: fallback bootstrap servers when the connection is not defined.
+    :param topic: the rules topic.
+    :param published_by: who approved (a Kafka header on every produced record).
+    :param commit: the rules commit (a Kafka header too).
+    :return: {"published": [rule_id...], "unchanged": [rule_id...]} (pushed to XCom).
+    """
+
+    template_fields: Sequence[str] = ("rules", "bootstrap", "topic", "kafka_config_id", "published_by", "commit")
+    ui_color = "#e8f7e4"
+
+    def __init__(
+        self,
+        *,
+        rules: Any,
+        kafka_config_id: str = "kafka_default",
+        bootstrap: str | None = None,
+        topic: str = "rules.active",
+        published_by: str | None = None,
+        commit: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.rules = rules
+        self.kafka_config_id = kafka_config_id
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self.published_by = published_by
+        self.commit = commit
+
+    def execute(self, context: Any) -> dict:
+        rules = list(self.rules or [])
+        if not rules:
+            self.log.info("No rules to publish.")
+            return {"published": [], "unchanged": []}
+        hook = RulesTopicHook(self.kafka_config_id, bootstrap=self.bootstrap, topic=self.topic)
+        result = hook.publish(rules, published_by=self.published_by, commit=self.commit)
+        published = sorted(_ids(getattr(result, "published", [])))
+        unchanged = sorted(_ids(getattr(result, "unchanged", [])))
+        for r in rules:
+            state = "published" if r["rule_id"] in published else "already live"
+            self.log.info("%s version %s: %s", r["rule_id"], r.get("version"), state)
+        return {"published": published, "unchanged": unchanged, "topic": self.topic}
+
+
+def _ids(items: Any) -> list[str]:
+    out = []
+    for x in items or []:
+        if isinstance(x, str):
+            out.append(x)
+        elif isinstance(x, dict):
+            out.append(x["rule_id"])
+        else:
+            out.append(getattr(x, "rule_id", str(x)))
+    return out
+
+
+class RuleBacktestOperator(SparkSubmitOperator):
+    """Submit the backtest (`spark_jobs/backtest/submit.py`) with spark-submit.
+
+    A thin SparkSubmitOperator: the application and its arguments come from a backtest
+    plan (rules dir, `--only` rule ids, output dir) and the history inputs, both usually
+    XComArgs; the master comes from the Spark connection, or `local[2]` without one.
+    Skips when the plan names no rule (e.g. the published side of a release of new rules).
+
+    :param backtest: {"rules_dir", "out_dir", "only"}.
+    :param inputs: topic -> history path.
+    :param settings: lifecycle settings dict (time field, sink topic, Spark conf/master).
+    """
+
+    template_fields: Sequence[str] = (*SparkSubmitOperator.template_fields, "backtest", "inputs", "settings")
+    ui_color = "#fdf2e0"
+
+    def __init__(self, *, backtest: Any, inputs: Any, settings: Any, **kwargs: Any) -> None:
+        from spark_jobs.backtest import submit
+
+        kwargs.setdefault("name", "rule-backtest")
+        kwargs.setdefault("status_poll_interval", 2)
+        super().__init__(application=submit.__file__, **kwargs)
+        self.backtest = backtest
+        self.inputs = inputs
+        self.settings = settings
+
+    def execute(self, context: Any) -> dict:
+        from spark_jobs.lifecycle.release import backtest_args
+        from spark_jobs.lifecycle.settings import LifecycleSettings
+
+        spec = dict(self.backtest)
+        if not spec.get("only") and spec.get("require_only", True):
+            raise AirflowSkipException("No rule to backtest on this side (nothing of it is live yet).")
+        s = LifecycleSettings.from_dict(self.settings)
+        shutil.rmtree(spec["out_dir"], ignore_errors=True)
+        self.application_args = backtest_args(spec, self.inputs, s.time_field, s.sink_topic)
+        self.conf = {**s.spark_conf, **(self.conf or {})}
+        self._conn_id = s.spark_conn_id
+        bindir = str(Path(sys.executable).parent)
+        self.env_vars = {
+            "PYSPARK_PYTHON": sys.executable,
+            "PYSPARK_DRIVER_PYTHON": sys.executable,
+            "PATH": bindir + os.pathsep + os.environ.get("PATH", ""),
+            **(self.env_vars or {}),
+        }
+        self._hook = self._make_hook(s.spark_master)
+        if self._hook._connection["master"].startswith("local") and "SPARK_LOCAL_IP" not in self.env_vars:
+            # A local job talks to itself only: keep Spark off the machine's network interfaces.
+            self.env_vars["SPARK_LOCAL_IP"] = "127.0.0.1"
+            self._hook = self._make_hook(s.spark_master)
+        super().execute(context)
+        summary_path = Path(spec["out_dir"]) / "summary.json"
+        if not summary_path.exists():
+            raise RuntimeError(f"the backtest wrote no {summary_path}")
+        import json
+
+        summary = json.loads(summary_path.read_text())
+        self.log.info("Backtest: %s detection(s), %s dead letter(s)", summary.get("detections"), summary.get("dead_letter"))
+        return {"out_dir": spec["out_dir"], "detections": summary.get("detections")}
+
+    def _make_hook(self, default_master: str) -> RuleSparkSubmitHook:
+        """The provider's hook, with `default_master` instead of YARN when no connection exists."""
+        return RuleSparkSubmitHook(
+            default_master=default_master,
+            conf=self.conf,
+            conn_id=self._conn_id,
+            name=self.name,
+            status_poll_interval=self._status_poll_interval,
+            application_args=self.application_args,
+            env_vars=self.env_vars,
+            verbose=self._verbose,
+            spark_binary=self._spark_binary,
+            driver_memory=self._driver_memory,
+            executor_memory=self._executor_memory,
+            py_files=self.py_files,
+            files=self.files,
+            jars=self.jars,
+        )
+
+
+class ReleaseApprovalOperator(ApprovalOperator):
+    """The standard ApprovalOperator that also keeps the human's answer in XCom.
+
+    On "Reject" the ApprovalOperator skips its downstream tasks by raising, so it returns
+    no value; the release still has to record who rejected, when and why. The response
+    (options, comment, user, time) is pushed under the XCom key `response` first, for
+    both answers, and stated in the task log.
+    """
+
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
+        if "error" not in event:
+            user = event.get("responded_by_user") or {}
+            response = {
+                "chosen_options": list(event.get("chosen_options") or []),
+                "params_input": dict(event.get("params_input") or {}),
+                "responded_at": event.get("responded_at"),
+                "responded_by_user": dict(user),
+            }
+            context["ti"].xcom_push(key="response", value=response)
+            comment = (response["params_input"] or {}).get("comment")
+            self.log.info(
+                "%s by %s%s", "/".join(response["chosen_options"]), user.get("name") or user.get("id"),
+                f": {comment}" if comment else "",
+            )
+        return super().execute_complete(context, event)

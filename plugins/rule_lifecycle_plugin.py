@@ -1,0 +1,48 @@
+"""Registers the rule-lifecycle plugin: the report app, its UI entries and the operator link.
+
+- FastAPI app under /rule-reports (plugins/rule_lifecycle/views.py);
+- a "Backtest report" tab on every DAG run page (external view, destination dag_run)
+  and a "Backtest reports" entry in the navigation;
+- a "Backtest report" extra link on the approval and backtest tasks.
+"""
+
+from __future__ import annotations
+
+from airflow.plugins_manager import AirflowPlugin
+from airflow.providers.standard.operators.hitl import ApprovalOperator
+from airflow.sdk import BaseOperatorLink
+from rule_lifecycle.operators import ReleaseApprovalOperator, RuleBacktestOperator
+from rule_lifecycle.views import app, report_href_template
+
+from spark_jobs.lifecycle.release import REPORT_URL_PREFIX, report_url
+
+
+class BacktestReportLink(BaseOperatorLink):
+    """Extra link on a task to its run's backtest report."""
+
+    name = "Backtest report"
+    operators = [ApprovalOperator, ReleaseApprovalOperator, RuleBacktestOperator]
+
+    def get_link(self, operator, *, ti_key) -> str:  # type: ignore[no-untyped-def]
+        return report_url(ti_key.dag_id, ti_key.run_id)
+
+
+class RuleLifecyclePlugin(AirflowPlugin):
+    name = "rule_lifecycle"
+    fastapi_apps = [{"app": app, "url_prefix": REPORT_URL_PREFIX, "name": "Rule lifecycle reports"}]
+    external_views = [
+        {
+            "name": "Backtest report",
+            "href": report_href_template(),
+            "destination": "dag_run",
+            "url_route": "backtest-report",
+        },
+        {
+            "name": "Backtest reports",
+            "href": f"{REPORT_URL_PREFIX.lstrip('/')}/",
+            "destination": "nav",
+            "category": "browse",
+            "url_route": "backtest-reports",
+        },
+    ]
+    operator_extra_links = [BacktestReportLink()]

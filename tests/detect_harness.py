@@ -1,0 +1,109 @@
+"""Drive the real detection job (`rulectl detect` in its own process, its own Spark)
+against a real broker, as an operator would: start, watch the status file, SIGTERM or
+SIGKILL, restart on the same checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from confluent_kafka import Producer
+
+from spark_jobs.kafka.admin import read_all
+
+
+class DetectJob:
+    def __init__(self, bootstrap: str, workdir: Path, sink: str = "events.processed", dlq: str = "events.deadletter",
+                 rules_topic: str = "rules.active", trigger_ms: int = 500) -> None:
+        self.bootstrap = bootstrap
+        self.workdir = workdir
+        self.checkpoint = workdir / "checkpoint"
+        self.sink, self.dlq, self.rules_topic = sink, dlq, rules_topic
+        self.trigger_ms = trigger_ms
+        self.proc: subprocess.Popen | None = None
+        self.log = workdir / "detect.log"
+        workdir.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def status_file(self) -> Path:
+        return self.checkpoint / "status.json"
+
+    def start(self, timeout: float = 180) -> dict:
+        if self.status_file.exists():
+            self.status_file.unlink()
+        cmd = [sys.executable, "-m", "spark_jobs.cli", "detect", "--bootstrap", self.bootstrap,
+               "--checkpoint", str(self.checkpoint), "--sink-topic", self.sink, "--dead-letter-topic", self.dlq,
+               "--rules-topic", self.rules_topic, "--trigger-ms", str(self.trigger_ms)]
+        log = self.log.open("ab")
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
+        return self.wait_for(lambda s: s.get("state") == "running" and s.get("last_batch_id") is not None, timeout)
+
+    def status(self) -> dict:
+        try:
+            return json.loads(self.status_file.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return {}
+
+    def wait_for(self, pred, timeout: float = 120) -> dict:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"detection job exited with {self.proc.returncode}:\n{self.tail_log()}")
+            s = self.status()
+            if s and pred(s):
+                return s
+            time.sleep(0.25)
+        raise TimeoutError(f"status never satisfied the condition; last status: {self.status()}\n{self.tail_log()}")
+
+    def batches_after(self, n: int, timeout: float = 120) -> dict:
+        """Wait until `n` more micro-batches have completed."""
+        start = self.status().get("last_batch_id") or 0
+        return self.wait_for(lambda s: (s.get("last_batch_id") or 0) >= start + n, timeout)
+
+    def stop(self, timeout: float = 90) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        """SIGKILL the job and its JVM: a crash, nothing gets to clean up."""
+        assert self.proc is not None
+        children = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True).stdout.split()
+        self.proc.kill()
+        for pid in children:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.proc.wait(30)
+
+    def tail_log(self, n: int = 60) -> str:
+        lines = self.log.read_text(errors="replace").splitlines() if self.log.exists() else []
+        return "\n".join(line for line in lines if "WARN" not in line)[-6000:] or "\n".join(lines[-n:])
+
+
+def produce(bootstrap: str, topic: str, values: list[str], key: str | None = None) -> None:
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    for v in values:
+        p.produce(topic, value=v.encode(), key=key.encode() if key else None)
+    p.flush(30)
+
+
+def detections(bootstrap: str, topic: str = "events.processed") -> list[dict]:
+    return [json.loads(r.value) for r in read_all(bootstrap, topic)]
+
+
+def wait_detections(bootstrap: str, topic: str, pred, timeout: float = 120) -> list[dict]:
+    deadline = time.time() + timeout
+    dets: list[dict] = []
+    while time.time() < deadline:
+        dets = detections(bootstrap, topic)
+        if pred(dets):
+            return dets
+        time.sleep(0.5)
+    raise TimeoutError(f"{len(dets)} records on {topic}; condition not met")

@@ -1,0 +1,295 @@
+"""The rule lifecycle on a real Airflow: PostgreSQL metadata DB, a real api-server (REST
+API, UI, plugin), DAG runs executed with `airflow dags test`, Spark through
+SparkSubmitOperator, and a real broker's `rules.active`.
+
+The tests share one rules repository and run in order: each commit builds on the
+previous one, like a branch's history.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+from airflow_fixtures import ROOT, AirflowEnv, Chromium, airflow_env, chromium_available, png_size  # noqa: F401
+
+pytestmark = [pytest.mark.airflow, pytest.mark.slow]
+
+SCREENSHOTS = ROOT / "tests" / "screenshots"
+DEMO_RULES = ["rapid_clicks", "purchase_threshold", "fx_rate_deviation"]
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout.strip()
+
+
+def commit_all(repo: Path, message: str, author: str = "Rita Author <rita@example.com>") -> str:
+    git(repo, "add", "-A")
+    git(repo, "-c", "user.name=Rita Author", "-c", "user.email=rita@example.com", "commit", "-q", "-m", message, "--author", author)
+    return git(repo, "rev-parse", "HEAD")
+
+
+def topic_records(bootstrap: str, topic: str) -> list:
+    from spark_jobs.kafka.admin import read_all
+
+    return read_all(bootstrap, topic, timeout=30)
+
+
+class Release:
+    """Shared state of the module: repo, settings Variable, broker topic."""
+
+    def __init__(self, af: AirflowEnv, repo: Path, state: Path, bootstrap: str, topic: str) -> None:
+        self.af, self.repo, self.state, self.bootstrap, self.topic = af, repo, state, bootstrap, topic
+
+    @property
+    def audit_dir(self) -> Path:
+        return self.state / "audit"
+
+    def live(self) -> dict[str, dict]:
+        from spark_jobs.kafka.publisher import current_rules
+
+        return current_rules(self.bootstrap, self.topic)
+
+
+@pytest.fixture(scope="module")
+def release(airflow_env: AirflowEnv, kafka_broker, tmp_path_factory) -> Release:  # noqa: F811
+    """A rules repo with the demo rules, published to a fresh topic (the state before the tests)."""
+    from spark_jobs.kafka.publisher import publish_rules
+    from spark_jobs.rules.loader import load_rules
+
+    base = tmp_path_factory.mktemp("release")
+    repo = base / "rules-repo"
+    (repo / "rules").mkdir(parents=True)
+    # A few demo rules of each kind keep the Spark backtests short on a 2-core machine.
+    for name in DEMO_RULES:
+        shutil.copy(ROOT / "rules" / f"{name}.yaml", repo / "rules" / f"{name}.yaml")
+    git(repo, "init", "-q", "-b", "main")
+    c0 = commit_all(repo, "Initial rule set")
+    topic = f"rules.active.{uuid.uuid4().hex[:8]}"
+    loaded = load_rules([repo / "rules"])
+    assert not loaded.errors, loaded.errors
+    publish_rules([lr.rule for lr in loaded.rules], kafka_broker.bootstrap, topic, published_by="bootstrap", commit=c0)
+    state = base / "state"
+    settings = {
+        "repo": str(repo),
+        "branch": "main",
+        "state_dir": str(state),
+        "bootstrap": kafka_broker.bootstrap,
+        "rules_topic": topic,
+        "history_inputs": {
+            "events.raw": str(ROOT / "tests" / "data" / "demo" / "events.raw.jsonl"),
+            "context.raw": str(ROOT / "tests" / "data" / "demo" / "context.raw.jsonl"),
+        },
+    }
+    # The way an operator configures it: an Airflow Variable, through the REST API.
+    airflow_env.api("POST", "/variables", {"key": "rule_lifecycle", "value": json.dumps(settings)})
+    return Release(airflow_env, repo, state, kafka_broker.bootstrap, topic)
+
+
+def test_dags_import_without_errors(airflow_env: AirflowEnv) -> None:  # noqa: F811
+    script = (
+        "import json\n"
+        "from airflow.dag_processing.dagbag import DagBag\n"
+        "from airflow import plugins_manager\n"
+        "bag = DagBag()\n"
+        "plugins_manager.ensure_plugins_loaded()\n"
+        "print(json.dumps({'errors': {k: str(v) for k, v in bag.import_errors.items()},\n"
+        "  'dags': {d.dag_id: sorted(t.task_id for t in d.tasks) for d in bag.dags.values()},\n"
+        "  'plugin_errors': plugins_manager.get_import_errors(),\n"
+        "  'plugins': [p['name'] for p in plugins_manager.get_plugin_info()]}))\n"
+    )
+    proc = subprocess.run(
+        [str(Path(airflow_env.env["PATH"].split(":")[0]) / "python"), "-c", script],
+        env=airflow_env.env, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["errors"] == {}
+    assert out["plugin_errors"] == {}
+    assert "rule_lifecycle" in out["plugins"]
+    assert {"rule_release", "backtest_report"} <= set(out["dags"])
+    assert {"validate_rules", "backtest_candidate", "approve", "publish"} <= set(out["dags"]["rule_release"])
+
+
+def _shoot_approval_page(af: AirflowEnv, detail: dict) -> None:
+    """Screenshots for the approver guide: the Required Actions page and the report tab."""
+    if not chromium_available():
+        return
+    ti = detail["task_instance"]
+    from urllib.parse import quote
+
+    run = quote(ti["dag_run_id"], safe="")
+    with Chromium(width=1400, height=1100) as browser:
+        browser.set_cookie(af.base_url, "_token", af.token("alice"))
+        browser.goto(f"{af.base_url}/dags/{ti['dag_id']}/runs/{run}/tasks/{ti['task_id']}/required_actions")
+        browser.wait_for("document.body.innerText.includes('Open the backtest report')", timeout=60)
+        time.sleep(1.5)
+        browser.screenshot(SCREENSHOTS / "approval_page.png", full_page=False)
+        browser.goto(f"{af.base_url}/dags/{ti['dag_id']}/runs/{run}/plugin/backtest-report")
+        time.sleep(4)
+        browser.screenshot(SCREENSHOTS / "report_tab.png", full_page=False)
+
+
+def test_release_waits_for_approval_then_publishes_exactly_the_changed_rule(release: Release) -> None:
+    af = release.af
+    before = len(topic_records(release.bootstrap, release.topic))
+    live_before = release.live()
+    assert live_before["rapid_clicks"]["version"] == "1"
+
+    text = (release.repo / "rules" / "rapid_clicks.yaml").read_text()
+    text = text.replace('version: "1"', 'version: "2"').replace("threshold: 10", "threshold: 8")
+    (release.repo / "rules" / "rapid_clicks.yaml").write_text(text)
+    c1 = commit_all(release.repo, "rapid_clicks: alert from 8 clicks in 10 s")
+
+    # No commit given: the sensor finds the new head of the tracked branch.
+    run = af.start_dag_test("rule_release", log_name="release-approve")
+    detail = af.wait_for_hitl("rule_release", run)
+    run_id = detail["task_instance"]["dag_run_id"]
+    assert "rapid_clicks" in detail["body"] and "```diff" in detail["body"]
+    assert "-threshold: 10" in detail["body"] and "+threshold: 8" in detail["body"]
+    assert "/rule-reports/dags/rule_release/runs/" in detail["body"]
+    states = af.task_states("rule_release", run_id)
+    assert states["backtest_candidate"] == "success" and states["backtest_published"] == "success"
+    assert states["publish"] is None  # nothing published while waiting
+
+    # The report, served by the plugin inside the api-server, to a logged-in user only.
+    status, html = af.request("GET", f"/rule-reports/dags/rule_release/runs/{run_id}/")
+    assert status == 200 and b"rapid_clicks" in html and b'id="added-removed"' in html
+    status, raw = af.request("GET", f"/rule-reports/dags/rule_release/runs/{run_id}/report.json")
+    report = json.loads(raw)
+    assert [r["rule_id"] for r in report["rules"]] == ["rapid_clicks"]
+    assert report["rules"][0]["published_version"] == "1" and report["rules"][0]["candidate_version"] == "2"
+    status, _ = af.request("GET", f"/rule-reports/dags/rule_release/runs/{run_id}/data_docs/index.html")
+    assert status == 200
+    with pytest.raises(urllib.error.HTTPError, match="401|403"):
+        urllib.request.urlopen(f"{af.base_url}/rule-reports/dags/rule_release/runs/{run_id}/", timeout=30)
+    _shoot_approval_page(af, detail)
+
+    # Approve as the UI does: PATCH the HITL detail through the REST API.
+    resp = af.respond(detail, "Approve", comment="threshold 8 catches the bot farm")
+    assert resp["responded_by"]["name"] == "alice"
+    rc = run.wait()
+    dag_run = af.dag_run("rule_release", run_id)
+    assert dag_run["state"] == "success", run.output()[-5000:]
+    assert rc == 0
+
+    records = topic_records(release.bootstrap, release.topic)
+    assert len(records) == before + 1  # exactly one record: the changed rule
+    assert records[-1].key == b"rapid_clicks"
+    live = release.live()
+    assert live["rapid_clicks"]["version"] == "2" and live["rapid_clicks"]["threshold"] == 8
+    assert {k: v for k, v in live.items() if k != "rapid_clicks"} == {
+        k: v for k, v in live_before.items() if k != "rapid_clicks"
+    }
+
+    # Audit: who approved version 2 of rapid_clicks.
+    from spark_jobs.cli import main as rulectl
+
+    out = subprocess.run(
+        [str(ROOT / ".venv" / "bin" / "rulectl") if (ROOT / ".venv" / "bin" / "rulectl").exists() else "rulectl",
+         "history", "rapid_clicks", "--audit-dir", str(release.audit_dir), "--format", "json"],
+        capture_output=True, text=True,
+    )
+    rows = json.loads(out.stdout)
+    pub = [r for r in rows if r["event"] == "published"]
+    assert pub and pub[-1]["version"] == "2" and pub[-1]["by"] == "alice" and pub[-1]["commit"] == c1
+    assert pub[-1]["previous_version"] == "1" and pub[-1]["produced"] is True
+    assert rulectl(["history", "rapid_clicks", "--audit-dir", str(release.audit_dir)]) == 0
+
+    # A second run on the same commit publishes nothing new.
+    again = af.start_dag_test("rule_release", conf={"commit": c1}, log_name="release-again")
+    assert again.wait() == 0, again.output()[-4000:]
+    second = af.latest_run("rule_release")
+    assert second["dag_run_id"] != run_id and second["state"] == "success"
+    assert af.task_states("rule_release", second["dag_run_id"])["approve"] == "skipped"
+    assert len(topic_records(release.bootstrap, release.topic)) == before + 1
+    from spark_jobs.lifecycle.audit import read_records
+
+    assert read_records(release.audit_dir)[-1]["event"] == "no_change"
+
+
+def test_invalid_commit_stops_at_validation(release: Release) -> None:
+    af = release.af
+    before = len(topic_records(release.bootstrap, release.topic))
+    path = release.repo / "rules" / "rapid_clicks.yaml"
+    path.write_text(path.read_text().replace('version: "2"', 'version: "3"').replace("window_unit: seconds", "window_unit: weeks"))
+    commit_all(release.repo, "rapid_clicks: weekly window (typo)")
+
+    run = af.start_dag_test("rule_release", log_name="release-invalid")
+    run.wait()
+    dag_run = af.latest_run("rule_release")
+    assert dag_run["state"] == "failed"
+    states = af.task_states("rule_release", dag_run["dag_run_id"])
+    assert states["validate_rules"] == "failed"
+    assert states["backtest_candidate"] in ("upstream_failed", None)
+    assert states["publish"] in ("upstream_failed", None)
+    # `airflow dags test` runs tasks in-process: their logs are its output.
+    log = run.output()
+    assert "INVALID RULE rules/rapid_clicks.yaml: field 'window_unit': Input should be 'seconds'" in log, log[-3000:]
+    assert len(topic_records(release.bootstrap, release.topic)) == before
+    from spark_jobs.lifecycle.audit import read_records
+
+    assert read_records(release.audit_dir)[-1]["event"] == "invalid"
+
+
+def test_rejected_release_publishes_nothing(release: Release) -> None:
+    af = release.af
+    before = len(topic_records(release.bootstrap, release.topic))
+    path = release.repo / "rules" / "rapid_clicks.yaml"
+    git(release.repo, "checkout", "HEAD~1", "--", "rules/rapid_clicks.yaml")  # undo the typo
+    (release.repo / "rules" / "big_view.yaml").write_text(
+        "rule_id: big_view\nversion: \"1\"\nrule_type: threshold\nname: Big views\nsource_topic: events.raw\n"
+        "conditions:\n  - {field: type, operator: \"==\", value: view}\n  - {field: value, operator: \">=\", value: 50}\n"
+    )
+    assert "window_unit: seconds" in path.read_text()
+    commit_all(release.repo, "Add big_view")
+
+    run = af.start_dag_test("rule_release", log_name="release-reject")
+    detail = af.wait_for_hitl("rule_release", run)
+    run_id = detail["task_instance"]["dag_run_id"]
+    assert "big_view" in detail["body"]
+    states = af.task_states("rule_release", run_id)
+    assert states["backtest_published"] == "skipped"  # a new rule: nothing live to compare
+    af.respond(detail, "Reject", comment="too noisy on checkout pages")
+    assert run.wait() == 0
+    dag_run = af.dag_run("rule_release", run_id)
+    assert dag_run["state"] == "success"
+    states = af.task_states("rule_release", run_id)
+    assert states["publish"] == "skipped" and states["record_outcome"] == "success"
+    said = af.xcom("rule_release", run_id, "record_outcome")
+    assert "Rejected by alice" in said and "too noisy on checkout pages" in said
+    assert "Rejected by alice" in run.output()
+    assert len(topic_records(release.bootstrap, release.topic)) == before
+    assert "big_view" not in release.live()
+    from spark_jobs.lifecycle.audit import read_records
+
+    last = read_records(release.audit_dir)[-1]
+    assert last["event"] == "rejected" and last["decided_by"]["name"] == "alice"
+
+
+def test_scheduled_backtest_report_keeps_a_dated_report(release: Release) -> None:
+    af = release.af
+    run = af.start_dag_test("backtest_report", log_name="backtest-report")
+    assert run.wait() == 0, run.output()[-5000:]
+    dag_run = af.latest_run("backtest_report")
+    assert dag_run["state"] == "success", run.output()[-5000:]
+    run_id = dag_run["dag_run_id"]
+    dated = sorted((release.state / "reports" / "backtest_report").iterdir())
+    assert len(dated) == 1 and dated[0].name == dag_run["logical_date"][:10]
+    doc = json.loads((dated[0] / "report.json").read_text())
+    assert doc["kind"] == "scheduled"
+    live = release.live()
+    assert {r["rule_id"] for r in doc["rules"]} == {k for k, v in live.items() if v.get("enabled", True)}
+    versions = {r["rule_id"]: r["candidate_version"] for r in doc["rules"]}
+    assert versions["rapid_clicks"] == "2"  # the published version, not the repo's
+    assert doc["quality"]["topics"]["events.raw"]["records"] > 0
+    assert (dated[0] / "data_docs" / "index.html").exists()
+    status, html = af.request("GET", f"/rule-reports/dags/backtest_report/runs/{run_id}/")
+    assert status == 200 and b"Daily backtest of the published rules" in html

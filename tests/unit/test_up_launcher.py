@@ -1,0 +1,266 @@
+"""`rulectl up`: argument parsing, the process plan, and the supervisor's process handling.
+
+The supervisor is exercised with short-lived dummy children (small Python scripts), so
+the checks are about real processes and signals: reverse stop order, each child's own
+graceful signal, restart of the child whose policy says so, and stopping everything when
+one that must not die does.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from spark_jobs.cli import build_parser
+from spark_jobs.commands import up
+from spark_jobs.platform.launcher import ChildSpec, RestartPolicy, Supervisor
+
+# A dummy child: records the signal it gets in `log`, then exits 0 (or `code`).
+DUMMY = r"""
+import signal, sys, time
+name, log, code = sys.argv[1], sys.argv[2], int(sys.argv[3])
+def stop(signum, frame):
+    with open(log, "a") as f:
+        f.write(f"{name}:{signal.Signals(signum).name}\n")
+    sys.exit(code)
+signal.signal(signal.SIGTERM, stop)
+signal.signal(signal.SIGINT, stop)
+with open(log, "a") as f:
+    f.write(f"{name}:started\n")
+while True:
+    time.sleep(0.05)
+"""
+
+
+def dummy(tmp_path: Path, name: str, log: Path, *, code: int = 0, **kw) -> ChildSpec:
+    script = tmp_path / "dummy.py"
+    script.write_text(DUMMY)
+    return ChildSpec(name=name, argv=[sys.executable, str(script), name, str(log), str(code)], **kw)
+
+
+def wait_for(predicate, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError("condition not met in time")
+
+
+def started(log: Path, *names: str) -> bool:
+    text = log.read_text() if log.exists() else ""
+    return all(f"{n}:started" in text for n in names)
+
+
+# ----------------------------------------------------------------------------- parsing
+
+
+def test_up_arguments_parse_with_defaults_and_flags(tmp_path: Path) -> None:
+    parser = build_parser()
+    args = parser.parse_args(["up"])
+    assert (args.port, args.airflow_port, args.workdir) == (9092, 8080, "var")
+    assert not (args.no_airflow or args.no_demo or args.no_detect)
+    assert args.func is up.run
+
+    args = parser.parse_args(
+        [
+            "up",
+            "--port",
+            "19092",
+            "--airflow-port",
+            "18080",
+            "--no-airflow",
+            "--no-demo",
+            "--workdir",
+            str(tmp_path),
+        ]
+    )
+    assert (args.port, args.airflow_port, args.no_airflow, args.no_demo) == (19092, 18080, True, True)
+    assert args.workdir == str(tmp_path)
+
+
+def test_plan_starts_detect_demo_airflow_in_that_order_with_workdir_paths(tmp_path: Path) -> None:
+    args = build_parser().parse_args(
+        ["up", "--port", "19092", "--airflow-port", "18080", "--workdir", str(tmp_path)]
+    )
+    paths = up.Paths(tmp_path)
+    specs = up.plan(args, "127.0.0.1:19092", paths, "/opt/bin/airflow")
+    assert [s.name for s in specs] == ["detect", "demo", "airflow"]
+    detect, demo, airflow = specs
+
+    argv = list(detect.argv)
+    assert argv[argv.index("--bootstrap") + 1] == "127.0.0.1:19092"
+    assert Path(argv[argv.index("--checkpoint") + 1]).is_relative_to(tmp_path)
+    assert Path(argv[argv.index("--status-file") + 1]).is_relative_to(tmp_path)
+    assert detect.stop_signal == signal.SIGTERM  # the job's graceful stop
+    paths.status_file.parent.mkdir(parents=True)
+    paths.status_file.write_text("{}")  # a previous run's status must not count as "ready"
+    assert detect.before_start is not None and detect.ready is not None
+    detect.before_start()
+    assert not detect.ready()
+    assert detect.restart is not None  # the detection job is restarted, from its checkpoint
+
+    assert "--forever" in demo.argv and demo.restart is None
+
+    assert list(airflow.argv) == ["/opt/bin/airflow", "standalone"]
+    assert airflow.stop_signal == signal.SIGINT  # standalone stops its children on SIGINT only
+    env = airflow.env or {}
+    assert env["AIRFLOW_HOME"] == str(tmp_path / "airflow")
+    assert env["AIRFLOW__CORE__DAGS_FOLDER"] == str(up.PROJECT_ROOT / "dags")
+    assert env["AIRFLOW__CORE__PLUGINS_FOLDER"] == str(up.PROJECT_ROOT / "plugins")
+    assert env["AIRFLOW__CORE__LOAD_EXAMPLES"] == "False"
+    assert env["AIRFLOW__API__PORT"] == "18080"
+    assert env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] == "http://127.0.0.1:18080/execution/"
+    assert env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS"] == "admin:admin"
+    assert env["RULE_LIFECYCLE_BOOTSTRAP"] == "127.0.0.1:19092"
+
+    no_extras = build_parser().parse_args(["up", "--no-airflow", "--no-demo", "--workdir", str(tmp_path)])
+    assert [s.name for s in up.plan(no_extras, "127.0.0.1:9092", paths, None)] == ["detect"]
+    with pytest.raises(ValueError, match="airflow is not installed"):
+        up.plan(build_parser().parse_args(["up"]), "127.0.0.1:9092", paths, None)
+
+
+def test_airflow_password_is_generated_once_and_kept(tmp_path: Path) -> None:
+    paths = up.Paths(tmp_path)
+    first = up.airflow_password(paths, None)
+    assert first and up.airflow_password(paths, None) == first
+    assert up.airflow_password(paths, "chosen") == "chosen"
+    assert (tmp_path / "airflow" / "passwords.json").stat().st_mode & 0o077 == 0
+
+
+# ----------------------------------------------------------------------------- supervision
+
+
+def test_stop_all_stops_children_in_reverse_order_with_their_own_signal(tmp_path: Path) -> None:
+    log = tmp_path / "signals.log"
+    sup = Supervisor(out=io.StringIO(), poll_interval=0.05)
+    sup.start_child(dummy(tmp_path, "first", log))
+    sup.start_child(dummy(tmp_path, "second", log, stop_signal=signal.SIGINT))
+    sup.start_child(dummy(tmp_path, "third", log))
+    wait_for(lambda: started(log, "first", "second", "third"))
+
+    sup.stop_all()
+    stops = [line for line in log.read_text().splitlines() if not line.endswith(":started")]
+    assert stops == ["third:SIGTERM", "second:SIGINT", "first:SIGTERM"]
+    assert [h for h in sup.history if h.startswith("stop")] == ["stop third", "stop second", "stop first"]
+    assert all(c.poll() is not None for c in sup.components)
+    sup.stop_all()  # idempotent
+
+
+def test_a_child_that_ignores_its_signal_is_killed_after_its_timeout(tmp_path: Path) -> None:
+    stubborn = tmp_path / "stubborn.py"
+    stubborn.write_text(
+        "import signal, time, sys\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "open(sys.argv[1], 'w').write('up')\n"
+        "time.sleep(60)\n"
+    )
+    ready = tmp_path / "ready"
+    sup = Supervisor(out=io.StringIO(), poll_interval=0.05)
+    child = sup.start_child(
+        ChildSpec("stubborn", [sys.executable, str(stubborn), str(ready)], stop_timeout=0.5)
+    )
+    wait_for(ready.exists)
+    t0 = time.monotonic()
+    sup.stop_all()
+    assert child.poll() is not None
+    assert time.monotonic() - t0 < 10
+
+
+def test_when_a_child_dies_the_platform_stops_in_reverse_order(tmp_path: Path) -> None:
+    log = tmp_path / "signals.log"
+    out = io.StringIO()
+    sup = Supervisor(out=out, poll_interval=0.05)
+    sup.start_child(dummy(tmp_path, "first", log))
+    quitter = tmp_path / "quitter.py"
+    quitter.write_text("import sys, time; time.sleep(0.3); print('bye'); sys.exit(3)\n")
+    sup.start_child(ChildSpec("quitter", [sys.executable, str(quitter)], log_path=tmp_path / "quitter.log"))
+    sup.start_child(dummy(tmp_path, "last", log))
+    wait_for(lambda: started(log, "first", "last"))
+
+    stop = threading.Event()
+    assert sup.run(stop) == 1
+    sup.stop_all()
+    assert sup.failure == "quitter exited with code 3"
+    assert "ERROR: quitter exited with code 3" in out.getvalue()
+    assert "bye" in out.getvalue()  # the tail of its log is shown
+    stops = [line for line in log.read_text().splitlines() if not line.endswith(":started")]
+    assert stops == ["last:SIGTERM", "first:SIGTERM"]
+
+
+def test_a_child_with_a_restart_policy_is_restarted_until_its_budget_is_used(tmp_path: Path) -> None:
+    counter = tmp_path / "runs"
+    crasher = tmp_path / "crasher.py"
+    crasher.write_text(f"open({str(counter)!r}, 'a').write('x'); raise SystemExit(2)\n")
+    policy = RestartPolicy(max_restarts=2, window_s=60.0, backoff_s=0.01, max_backoff_s=0.05)
+    out = io.StringIO()
+    sup = Supervisor(out=out, poll_interval=0.05)
+    sup.start_child(ChildSpec("detect", [sys.executable, str(crasher)], restart=policy))
+    assert sup.run(threading.Event()) == 1
+    sup.stop_all()
+    assert counter.read_text() == "xxx"  # the first run and two restarts
+    assert sup.history.count("restart detect") == 2
+    assert "2 restarts in 60s used up" in (sup.failure or "")
+
+
+def test_a_clean_exit_of_a_restartable_child_restarts_it_at_once(tmp_path: Path) -> None:
+    """How a restart is requested: SIGTERM the detect pid, it exits 0, up restarts it."""
+    log = tmp_path / "signals.log"
+    sup = Supervisor(out=io.StringIO(), poll_interval=0.05)
+    policy = RestartPolicy(max_restarts=3, window_s=60.0, backoff_s=5.0)
+    child = sup.start_child(dummy(tmp_path, "detect", log, restart=policy))
+    wait_for(lambda: started(log, "detect"))
+    first_pid = child.pid
+    assert first_pid is not None
+    os.kill(first_pid, signal.SIGTERM)
+    stop = threading.Event()
+    runner = threading.Thread(target=sup.run, args=(stop,))
+    runner.start()
+    try:
+        wait_for(lambda: "restart detect" in sup.history, timeout=3.0)  # no 5 s crash backoff
+        wait_for(lambda: log.read_text().count("detect:started") == 2)
+        assert child.pid != first_pid
+    finally:
+        stop.set()
+        runner.join()
+        sup.stop_all()
+    assert child.poll() is not None
+
+
+def test_readiness_is_reported_once(tmp_path: Path) -> None:
+    log = tmp_path / "signals.log"
+    out = io.StringIO()
+    flag = tmp_path / "ready.flag"
+    hook_calls: list[str] = []
+    sup = Supervisor(out=out, poll_interval=0.05)
+    sup.start_child(
+        dummy(
+            tmp_path,
+            "svc",
+            log,
+            ready=flag.exists,
+            ready_message="svc is up",
+            on_ready=lambda: hook_calls.append("called"),
+        )
+    )
+    wait_for(lambda: started(log, "svc"))
+    assert sup.check() is None and "svc is up" not in out.getvalue()
+    flag.write_text("")
+    time.sleep(0.01)
+    for w in sup._watches:  # skip the 2 s between probes
+        w.next_ready_check = 0.0
+    assert sup.check() is None
+    wait_for(lambda: hook_calls == ["called"])
+    for w in sup._watches:
+        w.next_ready_check = 0.0
+    sup.check()
+    sup.stop_all()
+    assert out.getvalue().count("svc is up") == 1
+    assert hook_calls == ["called"]
