@@ -4,6 +4,7 @@ SIGKILL, restart on the same checkpoint."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -76,10 +77,8 @@ class DetectJob:
         children = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True).stdout.split()
         self.proc.kill()
         for pid in children:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(int(pid), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         self.proc.wait(30)
 
     def tail_log(self, n: int = 60) -> str:

@@ -72,34 +72,50 @@ def qualifying(events: DataFrame, rule: VelocityRule) -> tuple[DataFrame, DataFr
 def window_aggregate(df: DataFrame, rule: VelocityRule) -> DataFrame:
     """Adds `agg`: the rule's aggregation over the window at each event."""
     w_ms = rule.window_ms
+    by_time = Window.partitionBy("k").orderBy("ts_ms")
     same_ts = Window.partitionBy("k", "ts_ms").orderBy("seq").rowsBetween(Window.unboundedPreceding, 0)
-    earlier = (
-        Window.partitionBy("k").orderBy("ts_ms").rangeBetween(-(w_ms - 1), -1) if w_ms > 1 else None
-    )
-
-    def over_a(agg: Column, empty: Column) -> Column:
-        return agg.over(earlier) if earlier is not None else empty
-
     val = F.col("val")
     kind = rule.aggregation_type
+
+    def earlier(agg: Column) -> Column:
+        """agg over frame A, i.e. timestamps in [t - W + 1, t - 1].
+
+        Spark re-aggregates a sliding frame from scratch whenever it moves (O(n * w)),
+        which is quadratic for a busy key. For count and sum the frame is instead the
+        difference of two prefix frames (unbounded preceding up to t-1 and up to t-W),
+        which Spark computes incrementally: O(n). Sums use DECIMAL so the difference
+        is exact.
+        """
+        upto_prev = agg.over(by_time.rangeBetween(Window.unboundedPreceding, -1))
+        upto_low = agg.over(by_time.rangeBetween(Window.unboundedPreceding, -w_ms))
+        return F.coalesce(upto_prev, F.lit(0)) - F.coalesce(upto_low, F.lit(0))
+
+    exact = val.try_cast("decimal(38,12)")
     if kind == "count":
-        agg = F.coalesce(over_a(F.count(F.lit(1)), F.lit(0)), F.lit(0)) + F.count(F.lit(1)).over(same_ts)
-        agg = agg.cast("double")
+        agg = (earlier(F.count(F.lit(1))) + F.count(F.lit(1)).over(same_ts)).cast("double")
     elif kind == "sum":
-        agg = F.coalesce(over_a(F.sum(val), F.lit(0.0)), F.lit(0.0)) + F.sum(val).over(same_ts)
+        agg = (earlier(F.sum(exact)) + F.sum(exact).over(same_ts)).cast("double")
     elif kind == "avg":
-        s = F.coalesce(over_a(F.sum(val), F.lit(0.0)), F.lit(0.0)) + F.sum(val).over(same_ts)
-        n = F.coalesce(over_a(F.count(val), F.lit(0)), F.lit(0)) + F.count(val).over(same_ts)
-        agg = s / n
-    elif kind == "min":
-        agg = F.least(over_a(F.min(val), F.lit(None).cast("double")), F.min(val).over(same_ts))
-    elif kind == "max":
-        agg = F.greatest(over_a(F.max(val), F.lit(None).cast("double")), F.max(val).over(same_ts))
-    elif kind == "distinct_count":
-        a = F.coalesce(over_a(F.collect_set(val), F.array().cast("array<string>")), F.array().cast("array<string>"))
-        agg = F.size(F.array_union(a, F.collect_set(val).over(same_ts))).cast("double")
-    else:  # pragma: no cover - the model rejects other values
-        raise ValueError(kind)
+        s = earlier(F.sum(exact)) + F.sum(exact).over(same_ts)
+        n = earlier(F.count(val)) + F.count(val).over(same_ts)
+        agg = (s / n).cast("double")
+    else:
+        # min, max and distinct_count do not subtract: a sliding range frame it is.
+        sliding = by_time.rangeBetween(-(w_ms - 1), -1) if w_ms > 1 else None
+
+        def over_a(a: Column, empty: Column) -> Column:
+            return a.over(sliding) if sliding is not None else empty
+
+        if kind == "min":
+            agg = F.least(over_a(F.min(val), F.lit(None).cast("double")), F.min(val).over(same_ts))
+        elif kind == "max":
+            agg = F.greatest(over_a(F.max(val), F.lit(None).cast("double")), F.max(val).over(same_ts))
+        elif kind == "distinct_count":
+            none = F.array().cast("array<string>")
+            a = F.coalesce(over_a(F.collect_set(val), none), none)
+            agg = F.size(F.array_union(a, F.collect_set(val).over(same_ts))).cast("double")
+        else:  # pragma: no cover - the model rejects other values
+            raise ValueError(kind)
     return df.withColumn("agg", agg)
 
 

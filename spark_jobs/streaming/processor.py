@@ -176,7 +176,7 @@ class DetectionProcessor(StatefulProcessor):
         for r in rows:
             # Routed primaries were judged for lateness when they entered the velocity
             # rule; re-injected a batch later, they must not be late a second time.
-            is_late = r["event_time"] and r["role"] != "routed" and 0 < watermark and r["ts_ms"] < watermark
+            is_late = r["event_time"] and r["role"] != "routed" and watermark > 0 and r["ts_ms"] < watermark
             (late if is_late else fresh).append(r)
         for r in late:
             yield _out("dead", rule, _to_row(r), reason=f"late event: older than the job watermark ({watermark} ms)")

@@ -71,9 +71,8 @@ def velocity_rules(draw, idx: int) -> dict:
     }
     if rule["time_mode"] == "event_time":
         rule["timestamp_field"] = "ts"
-    if agg != "count" or draw(st.booleans()):
-        if agg != "count" or draw(st.booleans()):
-            rule["aggregation_field"] = "val"
+    if (agg != "count" or draw(st.booleans())) and (agg != "count" or draw(st.booleans())):
+        rule["aggregation_field"] = "val"
     if draw(st.booleans()):
         rule["group_by"] = "u"
     if draw(st.booleans()):

@@ -1,0 +1,115 @@
+"""Live job throughput and latency through the broker, mixed rule set.
+
+    python tests/benchmarks/bench_detect.py [--rate 20000] [--seconds 60] [--users 2000]
+
+Starts an embedded broker and `rulectl detect` (local[2]), publishes 50 threshold +
+10 velocity + 2 correlation rules (the backtest benchmark's set), produces events at
+the target rate with `sent_ms` (produce time) in each event and event time = now, and
+consumes `events.processed`. Prints the sustained input rate the job kept up with
+(events / wall time from first produce until the job's lag is 0 again) and the p50/p99
+latency from produce to the detection landing on the sink topic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import yaml
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
+from bench_backtest import make_rules  # noqa: E402
+from detect_harness import DetectJob  # noqa: E402
+
+from spark_jobs.kafka.broker import EmbeddedBroker, free_port  # noqa: E402
+from spark_jobs.kafka.publisher import publish_rules  # noqa: E402
+from spark_jobs.rules.model import parse_rule  # noqa: E402
+
+
+def consume_latencies(bootstrap: str, stop: threading.Event, out: list[float]) -> None:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench", "enable.auto.commit": False})
+    c.assign([TopicPartition("events.processed", 0, 0)])
+    while not stop.is_set():
+        for m in c.consume(1000, 0.2):
+            if m.error():
+                continue
+            now = time.time() * 1000
+            sent = json.loads(m.value()).get("sent_ms")
+            if sent:
+                out.append(now - sent)
+    c.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rate", type=int, default=20_000)
+    ap.add_argument("--seconds", type=int, default=60)
+    ap.add_argument("--users", type=int, default=2_000)
+    ap.add_argument("--trigger-ms", type=int, default=500)
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="bench-detect-"))
+    with EmbeddedBroker(port=free_port()) as broker:
+        rules_dir = work / "rules"
+        rules_dir.mkdir()
+        make_rules(rules_dir)
+        rules = [parse_rule(r) for r in yaml.safe_load((rules_dir / "bench.yaml").read_text())]
+        publish_rules(rules, broker.bootstrap)
+        job = DetectJob(broker.bootstrap, work / "job", trigger_ms=args.trigger_ms)
+        job.start(timeout=300)
+        lat: list[float] = []
+        stop = threading.Event()
+        t = threading.Thread(target=consume_latencies, args=(broker.bootstrap, stop, lat), daemon=True)
+        t.start()
+        p = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 20, "batch.num.messages": 10000})
+        rnd = random.Random(1)
+        types = ["purchase", "click", "view", "transfer"]
+        pairs = ["EURUSD", "GBPUSD", "USDJPY", "AUDUSD"]
+        total = args.rate * args.seconds
+        start = time.time()
+        for i in range(total):
+            if i % 1000 == 0:
+                ahead = i / args.rate - (time.time() - start)
+                if ahead > 0:
+                    time.sleep(ahead)
+            now = int(time.time() * 1000)
+            ev = {"event_id": i, "type": types[rnd.randrange(4)], "user_id": f"u{rnd.randrange(args.users)}",
+                  "amount": rnd.randrange(1000), "merchant": f"m{rnd.randrange(50)}", "ts": now, "sent_ms": now}
+            if i % 10 == 0:
+                ev["currency_pair"] = pairs[rnd.randrange(4)]
+                ev["implied_rate"] = round(1 + rnd.random() * 0.1, 4)
+            p.produce("events.raw", value=json.dumps(ev, separators=(",", ":")).encode())
+            if i % 5000 == 0:
+                for pair in pairs:
+                    p.produce("context.raw", value=json.dumps({"currency_pair": pair, "rate": 1.04, "ts": now}).encode())
+            p.poll(0)
+        p.flush(60)
+        produced_s = time.time() - start
+        job.wait_for(lambda s: s.get("lag") == 0 and (s.get("num_input_rows") or 0) == 0, timeout=1800)
+        done_s = time.time() - start
+        time.sleep(3)
+        stop.set()
+        t.join(5)
+        job.stop()
+    lat.sort()
+    print(f"machine: {platform.machine()} {os.cpu_count()} cores, python {platform.python_version()}, Spark local[2], "
+          f"trigger {args.trigger_ms} ms, {args.users} users")
+    print(f"produced {total} events in {produced_s:.1f}s (target {args.rate}/s); job caught up after {done_s:.1f}s")
+    print(f"sustained: {total / done_s:,.0f} events/s")
+    if lat:
+        p50 = statistics.median(lat)
+        p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))]
+        print(f"detections: {len(lat)}; latency produce->detection p50 {p50 / 1000:.2f}s p99 {p99 / 1000:.2f}s")
+
+
+if __name__ == "__main__":
+    main()
