@@ -8,11 +8,11 @@ stays up until Ctrl-C / SIGTERM, then stops the broker cleanly. Storage is memor
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 import threading
-from types import FrameType
 
+from spark_jobs.commands.signals import install_handlers as _install_handlers
+from spark_jobs.commands.signals import restore_handlers as _restore_handlers
 from spark_jobs.kafka.broker import DEFAULT_TOPICS, BrokerError, EmbeddedBroker
 
 
@@ -52,18 +52,3 @@ def run(args: argparse.Namespace) -> int:
         _restore_handlers(previous)
 
 
-def _install_handlers(stop: threading.Event) -> dict[int, object]:
-    """SIGINT and SIGTERM both mean: stop the broker and exit 0."""
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    previous: dict[int, object] = {}
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        previous[sig] = signal.signal(sig, handler)
-    return previous
-
-
-def _restore_handlers(previous: dict[int, object]) -> None:
-    for sig, old in previous.items():
-        signal.signal(sig, old)  # type: ignore[arg-type]

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 import threading
 from datetime import UTC, datetime
-from types import FrameType
 
+from spark_jobs.commands.signals import install_handlers as _install_handlers
+from spark_jobs.commands.signals import restore_handlers as _restore_handlers
 from spark_jobs.demo.generator import (
     CONTEXT_TOPIC,
     EVENTS_TOPIC,
@@ -150,20 +150,3 @@ def _say(out: object, text: str) -> None:
         print(text, flush=True)
 
 
-def _install_handlers(stop: threading.Event) -> dict[int, object]:
-    """SIGINT and SIGTERM both mean: stop producing, flush, exit 0."""
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    previous: dict[int, object] = {}
-    if threading.current_thread() is not threading.main_thread():
-        return previous  # signal handlers can only be set from the main thread
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        previous[sig] = signal.signal(sig, handler)
-    return previous
-
-
-def _restore_handlers(previous: dict[int, object]) -> None:
-    for sig, old in previous.items():
-        signal.signal(sig, old)  # type: ignore[arg-type]

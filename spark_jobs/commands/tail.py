@@ -15,15 +15,15 @@ import argparse
 import contextlib
 import json
 import os
-import signal
 import sys
 import threading
 import time
-from types import FrameType
 from typing import TextIO
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
+from spark_jobs.commands.signals import install_handlers as _install_handlers
+from spark_jobs.commands.signals import restore_handlers as _restore_handlers
 from spark_jobs.kafka.admin import assign_consumer, end_offsets, probe_consumer, topic_partitions
 
 
@@ -167,19 +167,3 @@ def _format(msg: object, meta: bool, pretty: bool) -> str:
     return f"p{msg.partition()}@{msg.offset()} key={key_text} {text}"  # type: ignore[attr-defined]
 
 
-def _install_handlers(stop: threading.Event) -> dict[int, object]:
-    """Ctrl-C / SIGTERM end the tail quietly (exit 0), not with a traceback."""
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    previous: dict[int, object] = {}
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            previous[sig] = signal.signal(sig, handler)
-    return previous
-
-
-def _restore_handlers(previous: dict[int, object]) -> None:
-    for sig, old in previous.items():
-        signal.signal(sig, old)  # type: ignore[arg-type]

@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
+from spark_jobs.commands.signals import install_handlers
+from spark_jobs.commands.signals import restore_handlers as _restore_handlers
 from spark_jobs.platform.launcher import BrokerComponent, ChildSpec, RestartPolicy, Supervisor
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -547,13 +549,4 @@ def _install_handlers(stop: threading.Event, sup: Supervisor) -> dict[int, objec
         stop.set()
         print("\nstopping the platform (Ctrl-C again to force) ...", file=sys.stderr, flush=True)
 
-    previous: dict[int, object] = {}
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            previous[sig] = signal.signal(sig, handler)
-    return previous
-
-
-def _restore_handlers(previous: dict[int, object]) -> None:
-    for sig, old in previous.items():
-        signal.signal(sig, old)  # type: ignore[arg-type]
+    return install_handlers(stop, handler)

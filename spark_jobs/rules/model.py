@@ -100,6 +100,12 @@ class _RuleBase(_Strict):
 
     # Helpers shared by the engine; kept on the model so every caller agrees.
     @property
+    def window_ms(self) -> int:
+        """Window (velocity) or lookback (correlation) in milliseconds; 0 for threshold."""
+        size, unit = getattr(self, "window_size", None), getattr(self, "window_unit", None)
+        return _window_ms(size, unit) if size is not None and unit is not None else 0
+
+    @property
     def uses_event_time(self) -> bool:
         return False
 
@@ -140,10 +146,6 @@ class VelocityRule(_RuleBase):
             raise _field_error("timestamp_field", "required when time_mode is 'event_time'")
         _check_window_ms(self.window_size, self.window_unit)
         return self
-
-    @property
-    def window_ms(self) -> int:
-        return _window_ms(self.window_size, self.window_unit)
 
     @property
     def uses_event_time(self) -> bool:
@@ -190,10 +192,6 @@ class CorrelationRule(_RuleBase):
             raise _field_error("condition.value", "must be a number for a computed metric or a mean")
         _check_window_ms(self.window_size, self.window_unit)
         return self
-
-    @property
-    def window_ms(self) -> int:
-        return _window_ms(self.window_size, self.window_unit)
 
     @property
     def lookback_ms(self) -> int:
