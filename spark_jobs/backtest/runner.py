@@ -16,7 +16,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from spark_jobs.backtest.inputs import InputSpec, read_input
-from spark_jobs.engine.events import parse_events
+from spark_jobs.engine.events import classify, split
 from spark_jobs.engine.pipeline import active_rules, evaluate
 from spark_jobs.engine.values import field_timestamp_ms
 from spark_jobs.rules.loader import RuleError, load_rules
@@ -90,10 +90,12 @@ def run_backtest(spark: SparkSession, cfg: BacktestConfig) -> dict:
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
 
     raw = reduce(lambda a, b: a.unionByName(b), [read_input(spark, s, i) for i, s in enumerate(cfg.inputs)])
-    events, malformed = parse_events(raw)
+    # Parsed once and kept: every rule, the dead letters and the summary read it.
     # A file has no broker timestamp: processing-time rules use the --time-field.
-    events = events.withColumn("proc_ms", F.coalesce("proc_ms", field_timestamp_ms(F.col("v"), cfg.time_field)))
-    events = events.persist(StorageLevel.MEMORY_AND_DISK)
+    parsed = classify(raw).withColumn(
+        "proc_ms", F.coalesce("proc_ms", field_timestamp_ms(F.col("v"), cfg.time_field))
+    ).persist(StorageLevel.MEMORY_AND_DISK)
+    events, malformed = split(parsed)
 
     result = evaluate(events, rules)
     # Routed velocity emits feed correlation rules and the summary: compute them once.
@@ -125,7 +127,7 @@ def run_backtest(spark: SparkSession, cfg: BacktestConfig) -> dict:
         dead_total = sum(1 for _ in fh)
     routed_counts = {rid: df.count() for rid, df in result.routed.items()}
     primary_counts = {rid: df.count() for rid, df in result.primaries.items()}
-    events.unpersist()
+    parsed.unpersist()
 
     summary_rules = {}
     for r in sorted(rules, key=lambda r: r.rule_id):

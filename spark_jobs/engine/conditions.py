@@ -16,7 +16,7 @@ from functools import reduce
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
-from spark_jobs.engine.values import NUMERIC_RE, as_number, as_string, field, json_text
+from spark_jobs.engine.values import NUMERIC_RE, FieldValue, field, field_value
 from spark_jobs.rules.model import Condition
 
 _NUMERIC = re.compile(NUMERIC_RE)
@@ -49,14 +49,14 @@ def value_spec(value: object) -> dict[str, object]:
     return {"kind": "str", "num": None, "str": str(value), "bool": None}
 
 
-def compare_spec(x: Column, op: Column, kind: Column, num: Column, text: Column, flag: Column) -> Column:
+def compare_spec(x: FieldValue, op: Column, kind: Column, num: Column, text: Column, flag: Column) -> Column:
     """`x <op> value` with the operator and the value given as Columns; never NULL.
 
     With literal arguments Spark's optimizer folds the CASE branches away, so the
     compiled form costs the same as a hand-written comparison.
     """
-    a = as_number(x)
-    present = x.isNotNull()
+    a = x.num
+    present = x.present
     numeric = (
         F.when(op == "==", a.isNotNull() & (a == num))
         # A present value that is not a number is "not equal" to a number.
@@ -67,19 +67,20 @@ def compare_spec(x: Column, op: Column, kind: Column, num: Column, text: Column,
         .when(op == "<=", a.isNotNull() & (a <= num))
     )
     same = F.coalesce(
-        F.when(kind == "bool", json_text(x) == F.when(flag, F.lit("true")).otherwise(F.lit("false")))
-        .otherwise(as_string(x) == text),
+        F.when(kind == "bool", x.json == F.when(flag, F.lit("true")).otherwise(F.lit("false")))
+        .otherwise(x.str == text),
         F.lit(False),
     )
     other = F.when(op == "==", present & same).when(op == "!=", present & ~same).otherwise(F.lit(False))
     return F.coalesce(F.when(kind == "num", numeric).otherwise(other), F.lit(False))
 
 
-def compare(x: Column, operator: str, value: object) -> Column:
-    """`x <operator> value` for an event value `x` (VARIANT, NULL = missing); never NULL."""
+def compare(x: Column | FieldValue, operator: str, value: object) -> Column:
+    """`x <operator> value` for an event value `x` (VARIANT, NULL = missing, or its
+    pre-extracted FieldValue); never NULL."""
     spec = value_spec(value)
     return compare_spec(
-        x,
+        x if isinstance(x, FieldValue) else field_value(x),
         F.lit(operator),
         F.lit(spec["kind"]),
         F.lit(spec["num"]).cast("double"),
@@ -88,13 +89,16 @@ def compare(x: Column, operator: str, value: object) -> Column:
     )
 
 
-def condition_column(v: Column, cond: Condition) -> Column:
-    return compare(field(v, cond.field), cond.operator, cond.value)
+def condition_column(v: Column, cond: Condition, values: dict[str, FieldValue] | None = None) -> Column:
+    x = values[cond.field] if values and cond.field in values else field(v, cond.field)
+    return compare(x, cond.operator, cond.value)
 
 
-def all_conditions(v: Column, conditions: Iterable[Condition]) -> Column:
-    """AND of the conditions; an empty list is always true (an unfiltered velocity rule)."""
-    cols = [condition_column(v, c) for c in conditions]
+def all_conditions(v: Column, conditions: Iterable[Condition], values: dict[str, FieldValue] | None = None) -> Column:
+    """AND of the conditions; an empty list is always true (an unfiltered velocity rule).
+
+    `values` holds paths already extracted by `with_field_values`."""
+    cols = [condition_column(v, c, values) for c in conditions]
     return reduce(lambda a, b: a & b, cols, F.lit(True))
 
 

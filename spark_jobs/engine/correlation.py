@@ -67,27 +67,54 @@ def _context(events: DataFrame, rule: CorrelationRule) -> DataFrame:
 
 
 def _resolve(union: DataFrame, rule: CorrelationRule) -> DataFrame:
-    w = Window.partitionBy("k").orderBy("ts_ms").rangeBetween(-rule.lookback_ms, 0)
+    """Context per primary over [t - lookback, t].
+
+    Spark re-aggregates a sliding frame from scratch whenever it moves, O(n * frame);
+    so the latest context is a running `last` (incremental) checked against the
+    lookback, and the mean's sum and count are differences of two prefix frames
+    (incremental, DECIMAL so the difference is exact). Only the population std keeps
+    a sliding frame: a difference of sums of squares would not be exact.
+    """
+    lb = rule.lookback_ms
     is_ctx = F.col("is_ctx")
     if rule.context_resolution == "last":
-        latest = F.max(F.when(is_ctx, F.struct("ts_ms", "seq", "cnum", "cjson", "craw"))).over(w)
-        return union.withColumn("_c", latest).select(
+        # Context at the primary's own timestamp counts ("at or before"): contexts sort
+        # before primaries of the same timestamp.
+        running = Window.partitionBy("k").orderBy("ts_ms", F.col("is_ctx").desc(), "seq").rowsBetween(
+            Window.unboundedPreceding, 0
+        )
+        latest = F.last(F.when(is_ctx, F.struct("ts_ms", "seq", "cnum", "cjson", "craw")), ignorenulls=True).over(running)
+        out = union.withColumn("_c", latest)
+        usable = F.col("_c").isNotNull() & (F.col("_c.ts_ms") >= F.col("ts_ms") - F.lit(lb))
+        return out.select(
             "*",
             F.col("_c.cnum").alias("ctx_num"),
             F.col("_c.cjson").alias("ctx_json"),
             F.col("_c.craw").alias("ctx_record"),
-            F.col("_c").isNotNull().alias("has_ctx"),
+            usable.alias("has_ctx"),
         )
-    n = F.count(F.when(is_ctx, F.col("cnum"))).over(w)
-    mean = F.avg(F.when(is_ctx, F.col("cnum"))).over(w)
-    std = F.stddev_pop(F.when(is_ctx, F.col("cnum"))).over(w)
-    out = union.select("*", n.alias("ctx_count"), mean.alias("ctx_num"), std.alias("ctx_std"))
+    by_time = Window.partitionBy("k").orderBy("ts_ms")
+    upto_t = by_time.rangeBetween(Window.unboundedPreceding, 0)
+    before_lb = by_time.rangeBetween(Window.unboundedPreceding, -(lb + 1))
+    cval = F.when(is_ctx, F.col("cnum"))
+    exact = cval.try_cast("decimal(38,12)")
+
+    def in_frame(agg: Column) -> Column:
+        return F.coalesce(agg.over(upto_t), F.lit(0)) - F.coalesce(agg.over(before_lb), F.lit(0))
+
+    n = in_frame(F.count(cval))
+    mean = F.when(n > 0, (in_frame(F.sum(exact)) / n).cast("double"))
+    out = union.select("*", n.alias("ctx_count"), mean.alias("ctx_num"))
+    if rule.context_resolution == "mean_std":
+        out = out.withColumn("ctx_std", F.stddev_pop(cval).over(by_time.rangeBetween(-lb, 0)))
+    else:
+        out = out.withColumn("ctx_std", F.lit(None).cast("double"))
     record = F.to_json(F.struct(F.col("ctx_num").alias("mean"), F.col("ctx_std").alias("std"), F.col("ctx_count").alias("count")))
     return out.select(
         "*",
         json_number(F.col("ctx_num")).alias("ctx_json"),
         record.alias("ctx_record"),
-        (F.col("ctx_count") >= F.lit(rule.min_context_points)).alias("has_ctx"),
+        ((F.col("ctx_count") >= F.lit(rule.min_context_points)) & (F.col("ctx_count") > 0)).alias("has_ctx"),
     )
 
 

@@ -17,21 +17,30 @@ RAW_COLUMNS = ["topic", "seq", "raw", "proc_ms"]
 DEAD_LETTER_COLUMNS = ["topic", "seq", "raw", "reason", "rule_id"]
 
 
-def parse_events(raw: DataFrame) -> tuple[DataFrame, DataFrame]:
-    """Split raw records into (events with a VARIANT column `v`, dead letters)."""
+def classify(raw: DataFrame) -> DataFrame:
+    """Raw records with `v` (VARIANT) and `_reason` (why it is not an event, or NULL)."""
     v = F.try_parse_json(F.col("raw"))
     is_object = F.ltrim(F.col("raw")).startswith("{")
-    parsed = raw.withColumn("v", v).withColumn(
+    return raw.withColumn("v", v).withColumn(
         "_reason",
         F.when(F.col("raw").isNull(), F.lit("empty record"))
         .when(F.col("v").isNull(), F.lit("not valid JSON"))
         .when(~is_object, F.lit("not a JSON object")),
     )
+
+
+def split(parsed: DataFrame) -> tuple[DataFrame, DataFrame]:
+    """A classified DataFrame -> (events, dead letters)."""
     events = parsed.filter(F.col("_reason").isNull()).drop("_reason")
     dead = parsed.filter(F.col("_reason").isNotNull()).select(
         "topic", "seq", "raw", F.col("_reason").alias("reason"), F.lit(None).cast("string").alias("rule_id")
     )
     return events, dead
+
+
+def parse_events(raw: DataFrame) -> tuple[DataFrame, DataFrame]:
+    """Split raw records into (events with a VARIANT column `v`, dead letters)."""
+    return split(classify(raw))
 
 
 def dead_letters(df: DataFrame, reason: Column, rule_id: str) -> DataFrame:

@@ -14,6 +14,7 @@ from pyspark.sql import functions as F
 
 from spark_jobs.engine.conditions import all_conditions
 from spark_jobs.engine.emits import EMIT_COLUMNS
+from spark_jobs.engine.values import with_field_values
 from spark_jobs.rules.model import ThresholdRule
 
 
@@ -24,7 +25,12 @@ def threshold_emits(events: DataFrame, rules: list[ThresholdRule]) -> DataFrame 
     outs: list[DataFrame] = []
     v = F.col("v")
     for topic, rs in sorted(by_topic.items()):
-        hits = F.array_compact(F.array(*[F.when(all_conditions(v, r.conditions), F.lit(i)) for i, r in enumerate(rs)]))
+        topic_events, values = with_field_values(
+            events.filter(F.col("topic") == topic), v, (c.field for r in rs for c in r.conditions)
+        )
+        hits = F.array_compact(
+            F.array(*[F.when(all_conditions(v, r.conditions, values), F.lit(i)) for i, r in enumerate(rs)])
+        )
         meta = F.array(
             *[
                 F.struct(
@@ -35,7 +41,7 @@ def threshold_emits(events: DataFrame, rules: list[ThresholdRule]) -> DataFrame 
                 for r in rs
             ]
         )
-        matched = events.filter(F.col("topic") == topic).select(
+        matched = topic_events.select(
             "topic", "seq", "raw", "proc_ms", F.explode(hits).alias("_i")
         )
         m = F.element_at(meta, F.col("_i") + 1)

@@ -8,7 +8,10 @@ what makes "a rule means the same thing in both" true by construction.
 
 from __future__ import annotations
 
-from pyspark.sql import Column
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 # A numeric string: what "numeric strings coerce to numbers" means, precisely. Kept
@@ -101,3 +104,39 @@ def field_key(v: Column, path: str | None) -> Column:
     if path is None:
         return F.lit("")
     return json_text(field(v, path))
+
+
+@dataclass(frozen=True)
+class FieldValue:
+    """The forms of one event value a comparison needs: JSON text (NULL when missing),
+    number (numbers and numeric strings) and string (JSON strings only)."""
+
+    json: Column
+    num: Column
+    str: Column
+
+    @property
+    def present(self) -> Column:
+        return self.json.isNotNull()
+
+
+def field_value(x: Column) -> FieldValue:
+    """Inline forms of a VARIANT value (for data-driven paths, e.g. inside a lambda)."""
+    return FieldValue(json_text(x), as_number(x), as_string(x))
+
+
+def with_field_values(df: DataFrame, v: Column, paths: Iterable[str]) -> tuple[DataFrame, dict[str, FieldValue]]:
+    """Extract each path once, as plain columns, before many conditions read it.
+
+    Fifty rules testing `type` would otherwise extract and re-parse `type` fifty
+    times, and the generated code for the whole projection would grow past the JIT's
+    limits; here every path costs one extraction and conditions compare plain columns.
+    """
+    values: dict[str, FieldValue] = {}
+    cols = []
+    for i, path in enumerate(sorted(set(paths))):
+        fv = field_value(field(v, path))
+        names = (f"_f{i}_json", f"_f{i}_num", f"_f{i}_str")
+        cols += [fv.json.alias(names[0]), fv.num.alias(names[1]), fv.str.alias(names[2])]
+        values[path] = FieldValue(*(F.col(n) for n in names))
+    return (df.select("*", *cols) if cols else df), values

@@ -24,7 +24,7 @@ from spark_jobs.engine.conditions import all_conditions
 from spark_jobs.engine.emits import extra, json_member, json_number, json_string, select_emits
 from spark_jobs.engine.events import dead_letters
 from spark_jobs.engine.values import as_number as _as_number
-from spark_jobs.engine.values import field, field_key, field_timestamp_ms, json_text
+from spark_jobs.engine.values import field, field_key, field_timestamp_ms, json_text, with_field_values
 from spark_jobs.rules.model import VelocityRule
 
 ROUTED_COLUMNS = ["topic", "seq", "raw", "v", "proc_ms", "ts_ms"]
@@ -53,7 +53,10 @@ def qualifying(events: DataFrame, rule: VelocityRule) -> tuple[DataFrame, DataFr
     else:
         val = _as_number(field(v, rule.aggregation_field))
     ts = field_timestamp_ms(v, rule.timestamp_field) if rule.uses_event_time else F.col("proc_ms")
-    base = events.filter((F.col("topic") == rule.source_topic) & all_conditions(v, rule.conditions)).select(
+    topic_events, values = with_field_values(
+        events.filter(F.col("topic") == rule.source_topic), v, (c.field for c in rule.conditions)
+    )
+    base = topic_events.filter(all_conditions(v, rule.conditions, values)).select(
         "topic", "seq", "raw", "v", "proc_ms",
         field_key(v, rule.group_by).alias("k"),
         ts.alias("ts_ms"),

@@ -36,7 +36,7 @@ from spark_jobs.engine.correlation import correlation_members
 from spark_jobs.engine.detections import render
 from spark_jobs.engine.emits import EMIT_COLUMNS
 from spark_jobs.engine.events import parse_events
-from spark_jobs.engine.values import as_number, field, json_text, timestamp_ms
+from spark_jobs.engine.values import as_number, field, field_value, json_text, timestamp_ms
 from spark_jobs.engine.velocity import velocity_members
 from spark_jobs.kafka import admin
 from spark_jobs.kafka.datasource import read_stream, register, write_stream
@@ -113,7 +113,7 @@ def _fan_out(events: DataFrame, rules: DataFrame) -> DataFrame:
     v = F.col("v")
     passes = F.forall(
         "r_conditions",
-        lambda c: compare_spec(field(v, c["path"]), c["op"], c["kind"], c["num"], c["str"], c["flag"]),
+        lambda c: compare_spec(field_value(field(v, c["path"])), c["op"], c["kind"], c["num"], c["str"], c["flag"]),
     )
     x = field(v, F.col("r_val_path"))
     return joined.filter(passes).select(
