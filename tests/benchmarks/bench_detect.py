@@ -56,6 +56,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=int, default=60)
     ap.add_argument("--users", type=int, default=2_000)
     ap.add_argument("--trigger-ms", type=int, default=500)
+    ap.add_argument("--timeout", type=int, default=1800, help="give up waiting for the job after this many seconds")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-detect-"))
     with EmbeddedBroker(port=free_port()) as broker:
@@ -94,7 +95,9 @@ def main() -> None:
             p.poll(0)
         p.flush(60)
         produced_s = time.time() - start
-        job.wait_for(lambda s: s.get("lag") == 0 and (s.get("num_input_rows") or 0) == 0, timeout=1800)
+        produced_at = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(time.time() + 1))
+        # Caught up: a batch that started after the last produce, and nothing left behind.
+        job.wait_for(lambda s: (s.get("last_batch_time") or "") > produced_at and s.get("lag") == 0, timeout=args.timeout)
         done_s = time.time() - start
         time.sleep(3)
         stop.set()
