@@ -363,6 +363,12 @@ def _correlate_one(
 
     std: float | None = None
     if rule.context_resolution == "last":
+        if rule.metric != "direct":
+            # CHOICE (the engine's, live and batch): for a computed metric, a record
+            # without a numeric value is not context; the latest numeric one is used.
+            usable = [c for c in usable if parse_number(c.value) is not None]
+            if not usable:
+                return None
         latest = max(usable, key=lambda c: (c.ts, c.seq))
         as_number = parse_number(latest.value)
         if as_number is not None:

@@ -137,3 +137,52 @@ def test_threshold_conditions_match_reference(spark, data):
         rules.append({"rule_id": f"t{i}", "version": "1", "rule_type": "threshold", "source_topic": "e", "conditions": conds})
     expected, got = run_both(spark, rules, evs)
     assert got == expected
+
+
+@st.composite
+def correlation_rules(draw, idx: int) -> dict:
+    resolution = draw(st.sampled_from(["last", "mean", "mean_std"]))
+    metrics = ["direct", "ratio_deviation", "difference"] + (["z_score"] if resolution == "mean_std" else [])
+    metric = draw(st.sampled_from(metrics))
+    rule = {
+        "rule_id": f"c{idx}", "version": "1", "rule_type": "correlation", "source_topic": "e",
+        "context_topic": "ctx", "correlation_key": "u", "window_size": draw(st.sampled_from([2, 5, 30])),
+        "window_unit": "seconds", "context_resolution": resolution, "context_value_field": "val",
+        "timestamp_field": "ts", "metric": metric,
+        "condition": {"operator": draw(st.sampled_from([">", "<", ">=", "<=", "==", "!="])), "value": draw(st.integers(-3, 6))},
+    }
+    if metric != "direct":
+        rule["event_value_field"] = "val"
+    if draw(st.booleans()):
+        rule["max_context_age_seconds"] = draw(st.sampled_from([1, 3, 20]))
+    if resolution != "last" and draw(st.booleans()):
+        rule["min_context_points"] = draw(st.integers(1, 3))
+    return rule
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(data=st.data())
+def test_correlation_rules_match_reference(spark, data):
+    primaries = data.draw(events())
+    context = data.draw(events())
+    for e in primaries + context:  # a few shared keys, so primaries find context
+        if data.draw(st.integers(0, 9)) < 8:
+            e["u"] = data.draw(st.sampled_from([1, 1, "1", 2]))
+    rules = [parse_rule(data.draw(correlation_rules(i))) for i in range(3)]
+    raws = [("e", json.dumps(e)) for e in primaries] + [("ctx", json.dumps(e)) for e in context]
+    order = data.draw(st.permutations(range(len(raws))))  # arrival order across both topics
+    arrived = [raws[i] for i in order]
+    ref_events = [RefEvent(t, raw, i) for i, (t, raw) in enumerate(arrived)]
+    expected = {
+        (d.rule_id, d.seq, None if d.metric_value is None else round(d.metric_value, 6))
+        for d in evaluate(rules, ref_events)
+    }
+    raw_df = spark.createDataFrame([(t, i, raw, None) for i, (t, raw) in enumerate(arrived)],
+                                   "topic string, seq long, raw string, proc_ms long").select(*RAW_COLUMNS)
+    parsed, _ = parse_events(raw_df)
+    got = set()
+    for row in spark_evaluate(parsed, rules).detections.collect():
+        d = json.loads(row["value"])
+        mv = d.get("metric_value")
+        got.add((row["rule_id"], row["seq"], None if mv is None else round(float(mv), 6)))
+    assert got == expected

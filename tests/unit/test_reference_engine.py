@@ -570,13 +570,21 @@ def test_difference_and_ratio_deviation_with_zero_context() -> None:
     assert [(d.rule_id, d.seq, d.metric_value) for d in out] == [("corr", 3, -2.5), ("ratio", 3, 0.25)]
 
 
-def test_last_non_numeric_context_with_computed_metric_gives_nothing() -> None:
+def test_last_non_numeric_context_with_computed_metric_is_skipped() -> None:
+    """A record without a numeric value is not context for a computed metric: the latest
+    numeric one is used (the engine's choice, live and batch)."""
     rule = correlation(metric="difference", event_value_field="x", condition={"operator": ">", "value": -100})
     s = Stream()
     s.add("context.raw", {"k": "a", "v": 1, "ts": T0 - 2})
     s.add("context.raw", {"k": "a", "v": "unknown", "ts": T0 - 1})  # the last one
     s.add("events.raw", {"k": "a", "x": 1, "ts": T0})
-    assert evaluate([rule], s.events) == []
+    [d] = evaluate([rule], s.events)
+    assert d.context_value == 1.0 and d.metric_value == 0.0
+
+    only_text = Stream()
+    only_text.add("context.raw", {"k": "a", "v": "unknown", "ts": T0 - 1})
+    only_text.add("events.raw", {"k": "a", "x": 1, "ts": T0})
+    assert evaluate([rule], only_text.events) == []
 
 
 def test_primary_without_key_or_timestamp_or_context_is_skipped() -> None:
