@@ -218,7 +218,3 @@ class RuleRegistry:
                 c.close()
         self._consumer = self._probe = None
 
-
-def load_snapshot(path: Path) -> dict[str, AnyRule]:
-    data = json.loads(path.read_text()) if path.exists() else {}
-    return {rid: parse_rule(d) for rid, d in data.items()}
