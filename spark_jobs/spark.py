@@ -33,6 +33,10 @@ def session(app_name: str, master: str | None = None, shuffle_partitions: int = 
         "spark.sql.adaptive.enabled": "true",
         "spark.driver.memory": os.environ.get("SPARK_DRIVER_MEMORY", "4g"),
         "spark.python.worker.reuse": "true",
+        # On, PySpark records the Python call site of every Column function through
+        # several Py4J round trips each; a 60-rule plan then takes tens of seconds to
+        # build. Errors still name the failing expression.
+        "spark.python.sql.dataFrameDebugging.enabled": "false",
     }
     conf.update(extra or {})
     for k, v in conf.items():

@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from functools import reduce
+from typing import Any
 
 from pyspark.sql import Column
 from pyspark.sql import functions as F
@@ -49,30 +50,60 @@ def value_spec(value: object) -> dict[str, object]:
     return {"kind": "str", "num": None, "str": str(value), "bool": None}
 
 
-def compare_spec(x: FieldValue, op: Column, kind: Column, num: Column, text: Column, flag: Column) -> Column:
-    """`x <op> value` with the operator and the value given as Columns; never NULL.
+Arg = Column | str | float | bool | None
 
-    With literal arguments Spark's optimizer folds the CASE branches away, so the
-    compiled form costs the same as a hand-written comparison.
+
+def _lit(x: Arg) -> Column:
+    return x if isinstance(x, Column) else F.lit(x)
+
+
+def _case(selector: Arg, branches: dict[Any, Callable[[], Column]], default: Callable[[], Column]) -> Column:
+    """CASE selector WHEN key THEN branch ... ELSE default.
+
+    A literal selector (a rule written in a file) picks its branch here, in Python, so
+    only that branch is built: a rule set's plan stays small and quick to build and
+    optimize. A Column selector (a rule shipped as data) builds the whole CASE.
     """
+    if not isinstance(selector, Column):
+        return branches.get(selector, default)()
+    out = None
+    for key, branch in branches.items():
+        out = F.when(selector == key, branch()) if out is None else out.when(selector == key, branch())
+    return out.otherwise(default()) if out is not None else default()
+
+
+def compare_spec(x: FieldValue, op: Arg, kind: Arg, num: Arg, text: Arg, flag: Arg) -> Column:
+    """`x <op> value` with the operator and the value given as Columns (a rule shipped
+    as data) or Python values (a rule from a file); never NULL. One definition serves
+    both, so a rule means the same in the live job and the backtest."""
     a = x.num
     present = x.present
-    numeric = (
-        F.when(op == "==", a.isNotNull() & (a == num))
-        # A present value that is not a number is "not equal" to a number.
-        .when(op == "!=", present & (a.isNull() | (a != num)))
-        .when(op == ">", a.isNotNull() & (a > num))
-        .when(op == "<", a.isNotNull() & (a < num))
-        .when(op == ">=", a.isNotNull() & (a >= num))
-        .when(op == "<=", a.isNotNull() & (a <= num))
-    )
-    same = F.coalesce(
-        F.when(kind == "bool", x.json == F.when(flag, F.lit("true")).otherwise(F.lit("false")))
-        .otherwise(x.str == text),
-        F.lit(False),
-    )
-    other = F.when(op == "==", present & same).when(op == "!=", present & ~same).otherwise(F.lit(False))
-    return F.coalesce(F.when(kind == "num", numeric).otherwise(other), F.lit(False))
+    number = num if isinstance(num, Column) else F.lit(num).cast("double")
+
+    def never() -> Column:
+        return F.lit(False)
+
+    def numeric() -> Column:
+        return _case(op, {
+            "==": lambda: a.isNotNull() & (a == number),
+            # A present value that is not a number is "not equal" to a number.
+            "!=": lambda: present & (a.isNull() | (a != number)),
+            ">": lambda: a.isNotNull() & (a > number),
+            "<": lambda: a.isNotNull() & (a < number),
+            ">=": lambda: a.isNotNull() & (a >= number),
+            "<=": lambda: a.isNotNull() & (a <= number),
+        }, never)
+
+    def same() -> Column:
+        def as_bool() -> Column:
+            return x.json == _case(flag, {True: lambda: F.lit("true")}, lambda: F.lit("false"))
+
+        return F.coalesce(_case(kind, {"bool": as_bool}, lambda: x.str == _lit(text).cast("string")), F.lit(False))
+
+    def other() -> Column:
+        return _case(op, {"==": lambda: present & same(), "!=": lambda: present & ~same()}, never)
+
+    return F.coalesce(_case(kind, {"num": numeric}, other), F.lit(False))
 
 
 def compare(x: Column | FieldValue, operator: str, value: object) -> Column:
@@ -81,11 +112,7 @@ def compare(x: Column | FieldValue, operator: str, value: object) -> Column:
     spec = value_spec(value)
     return compare_spec(
         x if isinstance(x, FieldValue) else field_value(x),
-        F.lit(operator),
-        F.lit(spec["kind"]),
-        F.lit(spec["num"]).cast("double"),
-        F.lit(spec["str"]).cast("string"),
-        F.lit(spec["bool"]).cast("boolean"),
+        operator, spec["kind"], spec["num"], spec["str"], spec["bool"],
     )
 
 

@@ -17,7 +17,7 @@ from pyspark.sql import functions as F
 from spark_jobs.engine.conditions import compare
 from spark_jobs.engine.emits import extra, json_member, json_number, json_string, select_emits
 from spark_jobs.engine.events import dead_letters
-from spark_jobs.engine.values import as_number, field, field_key, field_number, field_timestamp_ms, json_text
+from spark_jobs.engine.values import Fields
 from spark_jobs.rules.model import CorrelationRule
 
 _ORDER = {">": "__gt__", "<": "__lt__", ">=": "__ge__", "<=": "__le__", "==": "__eq__", "!=": "__ne__"}
@@ -30,13 +30,12 @@ class CorrelationOutput:
     primaries: DataFrame  # counted for the summary ("events evaluated")
 
 
-def _primaries(source: DataFrame, rule: CorrelationRule) -> tuple[DataFrame, DataFrame]:
-    v = F.col("v")
-    ev_val = field_number(v, rule.event_value_field) if rule.event_value_field else F.lit(None).cast("double")
+def _primaries(source: DataFrame, rule: CorrelationRule, fields: Fields) -> tuple[DataFrame, DataFrame]:
+    ev_val = fields.value(rule.event_value_field).num if rule.event_value_field else F.lit(None).cast("double")
     p = source.select(
         "topic", "seq", "raw",
-        field_key(v, rule.correlation_key).alias("k"),
-        field_timestamp_ms(v, rule.timestamp_field).alias("ts_ms"),
+        fields.key(rule.correlation_key).alias("k"),
+        fields.time(rule.timestamp_field).alias("ts_ms"),
         ev_val.alias("ev"),
     ).filter(F.col("k").isNotNull())
     dead = dead_letters(
@@ -47,18 +46,17 @@ def _primaries(source: DataFrame, rule: CorrelationRule) -> tuple[DataFrame, Dat
     return p.filter(F.col("ts_ms").isNotNull()), dead
 
 
-def _context(events: DataFrame, rule: CorrelationRule) -> DataFrame:
-    v = F.col("v")
+def _context(events: DataFrame, rule: CorrelationRule, fields: Fields) -> DataFrame:
     c = events.filter(F.col("topic") == rule.context_topic)
     if rule.context_type_field is not None:
-        c = c.filter(compare(field(v, rule.context_type_field), "==", rule.context_type_value))
-    cval = field(v, rule.context_value_field)
+        c = c.filter(compare(fields.value(rule.context_type_field), "==", rule.context_type_value))
+    cval = fields.value(rule.context_value_field)
     c = c.select(
         "seq",
-        field_key(v, rule.correlation_key).alias("k"),
-        field_timestamp_ms(v, rule.timestamp_field).alias("ts_ms"),
-        as_number(cval).alias("cnum"),
-        json_text(cval).alias("cjson"),
+        fields.key(rule.correlation_key).alias("k"),
+        fields.time(rule.timestamp_field).alias("ts_ms"),
+        cval.num.alias("cnum"),
+        cval.json.alias("cjson"),
         F.col("raw").alias("craw"),
     ).filter(F.col("k").isNotNull() & F.col("ts_ms").isNotNull() & F.col("cjson").isNotNull())
     if rule.context_resolution != "last" or rule.metric != "direct":
@@ -148,12 +146,17 @@ def correlation_members(ctx_json: Column, metric: Column, metric_value: Column, 
     )
 
 
-def correlation_rule(events: DataFrame, rule: CorrelationRule, primaries_from: DataFrame | None) -> CorrelationOutput:
-    """Evaluate one correlation rule; `primaries_from` replaces the source topic's events
-    when the rule takes its primaries from a velocity rule (velocity_filter_rule_id)."""
-    source = events.filter(F.col("topic") == rule.source_topic) if primaries_from is None else primaries_from
-    prim, dead = _primaries(source, rule)
-    ctx = _context(events, rule)
+def correlation_rule(
+    events: DataFrame, rule: CorrelationRule, fields: Fields, primaries_from: tuple[DataFrame, Fields] | None = None
+) -> CorrelationOutput:
+    """Evaluate one correlation rule; `primaries_from` (events and their Fields) replaces
+    the source topic's events when the rule takes its primaries from a velocity rule
+    (velocity_filter_rule_id)."""
+    if primaries_from is None:
+        primaries_from = (events.filter(F.col("topic") == rule.source_topic), fields)
+    source, source_fields = primaries_from
+    prim, dead = _primaries(source, rule, source_fields)
+    ctx = _context(events, rule, fields)
     null_s, null_d = F.lit(None).cast("string"), F.lit(None).cast("double")
     union = prim.select(
         "k", "ts_ms", "seq", F.lit(False).alias("is_ctx"), "topic", "raw", "ev",

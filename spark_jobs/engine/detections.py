@@ -12,10 +12,11 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from spark_jobs.engine.emits import json_member, json_string
+from spark_jobs.engine.emits import json_member, json_string, rule_head
 
 DETECTION_COLUMNS = ["detection_id", "rule_id", "rule_version", "rule_type", "topic", "seq", "ts_ms", "value"]
 _SEP = "\u001f"
+_JSON_SPACE = " \t\n\r"
 
 
 def detection_id(rule_id: Column, version: Column, topic: Column, raw: Column) -> Column:
@@ -28,21 +29,26 @@ def processed_now() -> Column:
 
 
 def render(emits: DataFrame, processed: Column | None = None) -> DataFrame:
-    """EMIT_COLUMNS -> DETECTION_COLUMNS, `value` being the detection JSON text."""
+    """EMIT_COLUMNS (plus `head`, see emits.rule_head, when the producer has it) ->
+    DETECTION_COLUMNS, `value` being the detection JSON text."""
     did = detection_id(F.col("rule_id"), F.col("rule_version"), F.col("topic"), F.col("raw"))
     processed = processed if processed is not None else processed_now()
+    head = (
+        F.col("head") if "head" in emits.columns
+        else rule_head(F.col("rule_id"), F.col("rule_version"), F.col("rule_type"), F.col("rule_name"))
+    )
     members = F.concat_ws(
         ",",
-        json_member("rule_id", json_string(F.col("rule_id"))),
-        json_member("rule_version", json_string(F.col("rule_version"))),
-        json_member("rule_type", json_string(F.col("rule_type"))),
-        F.when(F.col("rule_name").isNotNull(), json_member("rule_name", json_string(F.col("rule_name")))),
+        head,
         json_member("processed", json_string(processed)),
-        json_member("detection_id", json_string(F.col("_did"))),
+        F.concat(F.lit('"detection_id":"'), F.col("_did"), F.lit('"')),
         F.when(F.col("extra") != F.lit(""), F.col("extra")),
     )
-    body = F.regexp_replace(F.col("raw"), r"\}\s*$", "")
-    empty_object = F.regexp_replace(body, r"\s", "") == F.lit("{")
+    # An event is a JSON object: its text ends with `}` and JSON whitespace. The
+    # members go in before that brace; a comma first unless the object is empty.
+    text = F.rtrim(F.col("raw"), F.lit(_JSON_SPACE))
+    body = F.substring(text, F.lit(1), F.length(text) - F.lit(1))
+    empty_object = F.rtrim(body, F.lit(_JSON_SPACE)) == F.lit("{")
     value = F.concat(body, F.when(empty_object, F.lit("")).otherwise(F.lit(",")), F.col("_members"), F.lit("}"))
     return (
         emits.withColumn("_did", did)

@@ -31,8 +31,9 @@ def json_member(name: str, json_value: Column) -> Column:
 
 
 def json_string(col: Column) -> Column:
-    """A string column as JSON text (quoted and escaped)."""
-    return F.regexp_replace(F.to_json(F.array(col)), r"^\[(.*)\]$", "$1")
+    """A string column as JSON text (quoted and escaped): `["..."]` without the brackets."""
+    arr = F.to_json(F.array(col))
+    return F.when(col.isNotNull(), F.substring(arr, F.lit(2), F.length(arr) - F.lit(2)))
 
 
 def json_number(col: Column) -> Column:
@@ -43,5 +44,25 @@ def extra(*members: Column) -> Column:
     return F.concat_ws(",", *members)
 
 
+def rule_head(rule_id: Column, version: Column, rule_type: Column, name: Column) -> Column:
+    """The members of a detection that name its rule (`"rule_id":...,"rule_name":...`).
+
+    Over literals (a rule from a file) Spark folds this to a constant at planning time,
+    so a rule's head is rendered once per run, not once per detection."""
+    return F.concat_ws(
+        ",",
+        json_member("rule_id", json_string(rule_id)),
+        json_member("rule_version", json_string(version)),
+        json_member("rule_type", json_string(rule_type)),
+        F.when(name.isNotNull(), json_member("rule_name", json_string(name))),
+    )
+
+
+def literal_head(rule: AnyRule) -> Column:
+    return rule_head(*rule_meta(rule)).alias("head")
+
+
 def select_emits(df: DataFrame, rule: AnyRule, ts_ms: Column, extra_json: Column) -> DataFrame:
-    return df.select(*rule_meta(rule), "topic", "seq", ts_ms.alias("ts_ms"), "raw", extra_json.alias("extra"))
+    return df.select(
+        *rule_meta(rule), "topic", "seq", ts_ms.alias("ts_ms"), "raw", extra_json.alias("extra"), literal_head(rule)
+    )

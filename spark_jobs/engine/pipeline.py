@@ -16,7 +16,8 @@ from spark_jobs.engine.correlation import correlation_rule
 from spark_jobs.engine.detections import render
 from spark_jobs.engine.emits import EMIT_COLUMNS
 from spark_jobs.engine.threshold import threshold_emits
-from spark_jobs.engine.velocity import velocity_rule
+from spark_jobs.engine.values import Fields, extract_fields
+from spark_jobs.engine.velocity import velocity_rules
 from spark_jobs.rules.model import AnyRule, CorrelationRule, ThresholdRule, VelocityRule
 
 
@@ -38,36 +39,36 @@ def active_rules(rules: list[AnyRule]) -> list[AnyRule]:
     return [r for r in rules if r.enabled]
 
 
-def evaluate(events: DataFrame, rules: list[AnyRule]) -> EngineResult:
-    """Evaluate enabled rules over `events` (columns of events.parse_events)."""
+def evaluate(events: DataFrame, rules: list[AnyRule], fields: Fields | None = None) -> EngineResult:
+    """Evaluate enabled rules over `events` (columns of events.parse_events, or without
+    `v` but with the columns of `fields`, see values.extract_fields)."""
     rules = active_rules(rules)
+    if fields is None:
+        events, fields = extract_fields(events, rules)
     result = EngineResult(detections=None)
     emits: list[DataFrame] = []
 
-    t = threshold_emits(events, [r for r in rules if isinstance(r, ThresholdRule)])
+    t = threshold_emits(events, [r for r in rules if isinstance(r, ThresholdRule)], fields)
     if t is not None:
         emits.append(t)
 
-    for rule in (r for r in rules if isinstance(r, VelocityRule)):
-        out = velocity_rule(events, rule)
-        result.dead_letters.append(out.dead)
-        if out.routed is not None:
-            result.routed[rule.rule_id] = out.routed
-        else:
-            emits.append(out.emits)
+    vel = velocity_rules(events, [r for r in rules if isinstance(r, VelocityRule)], fields)
+    result.dead_letters += vel.dead
+    result.routed.update(vel.routed)
+    if vel.emits is not None:
+        emits.append(vel.emits)
 
     for rule in (r for r in rules if isinstance(r, CorrelationRule)):
         source = None
         if rule.velocity_filter_rule_id is not None:
-            source = result.routed.get(rule.velocity_filter_rule_id)
-            if source is None:
-                # The velocity rule is disabled or absent: no primaries at all.
-                source = events.limit(0)
-        out = correlation_rule(events, rule, source)
+            routed = result.routed.get(rule.velocity_filter_rule_id)
+            # A disabled or absent velocity rule routes nothing: no primaries at all.
+            source = extract_fields(routed, [rule]) if routed is not None else (events.limit(0), fields)
+        out = correlation_rule(events, rule, fields, source)
         result.dead_letters.append(out.dead)
         result.primaries[rule.rule_id] = out.primaries
         emits.append(out.emits)
 
-    all_emits = _union([e.select(*EMIT_COLUMNS) for e in emits])
+    all_emits = _union([e.select(*EMIT_COLUMNS, "head") for e in emits])
     result.detections = render(all_emits) if all_emits is not None else None
     return result

@@ -13,50 +13,35 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from spark_jobs.engine.conditions import all_conditions
-from spark_jobs.engine.emits import EMIT_COLUMNS
-from spark_jobs.engine.values import with_field_values
+from spark_jobs.engine.emits import literal_head, rule_meta
+from spark_jobs.engine.values import Fields
 from spark_jobs.rules.model import ThresholdRule
 
 
-def threshold_emits(events: DataFrame, rules: list[ThresholdRule]) -> DataFrame | None:
+def threshold_emits(events: DataFrame, rules: list[ThresholdRule], fields: Fields) -> DataFrame | None:
     by_topic: dict[str, list[ThresholdRule]] = defaultdict(list)
     for r in rules:
         by_topic[r.source_topic].append(r)
     outs: list[DataFrame] = []
     v = F.col("v")
     for topic, rs in sorted(by_topic.items()):
-        topic_events, values = with_field_values(
-            events.filter(F.col("topic") == topic), v, (c.field for r in rs for c in r.conditions)
-        )
+        topic_events = events.filter(F.col("topic") == topic)
         hits = F.array_compact(
-            F.array(*[F.when(all_conditions(v, r.conditions, values), F.lit(i)) for i, r in enumerate(rs)])
+            F.array(*[F.when(all_conditions(v, r.conditions, fields.values), F.lit(i)) for i, r in enumerate(rs)])
         )
-        meta = F.array(
-            *[
-                F.struct(
-                    F.lit(r.rule_id).alias("rule_id"),
-                    F.lit(r.version).alias("rule_version"),
-                    F.lit(r.name).cast("string").alias("rule_name"),
-                )
-                for r in rs
-            ]
-        )
-        matched = topic_events.select(
-            "topic", "seq", "raw", "proc_ms", F.explode(hits).alias("_i")
-        )
+        meta = F.array(*[F.struct(*rule_meta(r), literal_head(r)) for r in rs])
+        matched = topic_events.select("topic", "seq", "raw", "proc_ms", F.explode(hits).alias("_i"))
         m = F.element_at(meta, F.col("_i") + 1)
         outs.append(
             matched.select(
-                m["rule_id"].alias("rule_id"),
-                m["rule_version"].alias("rule_version"),
-                F.lit("threshold").alias("rule_type"),
-                m["rule_name"].alias("rule_name"),
+                *[m[c].alias(c) for c in ("rule_id", "rule_version", "rule_type", "rule_name")],
                 "topic",
                 "seq",
                 F.col("proc_ms").alias("ts_ms"),
                 "raw",
                 F.lit("").alias("extra"),
-            ).select(*EMIT_COLUMNS)
+                m["head"].alias("head"),
+            )
         )
     if not outs:
         return None

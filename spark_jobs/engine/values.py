@@ -53,18 +53,20 @@ def _kind(text: Column) -> Column:
     return F.substring(text, 1, 1)
 
 
-def as_string(x: Column) -> Column:
-    """The string, when the value is a JSON string; else NULL."""
-    return F.when(_kind(json_text(x)) == F.lit('"'), F.try_variant_get(x, "$", "string"))
+def as_string(x: Column, text: Column | None = None) -> Column:
+    """The string, when the value is a JSON string; else NULL. `text`: the value's
+    JSON text when the caller already has it."""
+    text = json_text(x) if text is None else text
+    return F.when(_kind(text) == F.lit('"'), F.try_variant_get(x, "$", "string"))
 
 
-def as_number(x: Column) -> Column:
-    """A JSON number, or a numeric string, as DOUBLE; NULL for anything else (booleans too)."""
-    text = json_text(x)
-    kind = _kind(text)
-    s = F.try_variant_get(x, "$", "string")
+def as_number(x: Column, text: Column | None = None, string: Column | None = None) -> Column:
+    """A JSON number, or a numeric string, as DOUBLE; NULL for anything else (booleans
+    too). `text`, `string`: the value's JSON text and `as_string` when already known."""
+    kind = _kind(json_text(x) if text is None else text)
+    s = F.try_variant_get(x, "$", "string") if string is None else string
     return (
-        F.when(kind.rlike("^[-0-9]$"), F.try_variant_get(x, "$", "double"))
+        F.when(((kind >= F.lit("0")) & (kind <= F.lit("9"))) | (kind == F.lit("-")), F.try_variant_get(x, "$", "double"))
         .when((kind == F.lit('"')) & s.rlike(NUMERIC_RE), F.trim(s).try_cast("double"))
     )
 
@@ -79,13 +81,15 @@ def timestamp_ms(x: Column) -> Column:
     Numbers (and numeric strings) are epoch ms above 1e11, else epoch seconds; other
     strings are ISO-8601, UTC when they carry no offset (the session time zone is UTC).
     """
-    n = as_number(x)
-    s = as_string(x)
-    iso = F.try_to_timestamp(s)
-    return (
-        F.when(n.isNotNull(), epoch_to_ms(n))
-        .when(iso.isNotNull(), F.floor(F.unix_micros(iso) / F.lit(1000)).cast("long"))
-    )
+    return timestamp_of(as_number(x), as_string(x))
+
+
+def timestamp_of(num: Column, text: Column) -> Column:
+    """`timestamp_ms` from a value's number and string forms (see FieldValue)."""
+    # The ISO parse sits in the ELSE branch alone, so an epoch number never pays for it
+    # (a CASE's shared subexpressions are computed for every row).
+    iso = F.try_to_timestamp(text)
+    return F.when(num.isNotNull(), epoch_to_ms(num)).otherwise(F.floor(F.unix_micros(iso) / F.lit(1000)).cast("long"))
 
 
 def field_timestamp_ms(v: Column, path: str) -> Column:
@@ -125,18 +129,71 @@ def field_value(x: Column) -> FieldValue:
     return FieldValue(json_text(x), as_number(x), as_string(x))
 
 
-def with_field_values(df: DataFrame, v: Column, paths: Iterable[str]) -> tuple[DataFrame, dict[str, FieldValue]]:
-    """Extract each path once, as plain columns, before many conditions read it.
+@dataclass(frozen=True)
+class Fields:
+    """The event fields a rule set reads, extracted once into plain columns.
 
-    Fifty rules testing `type` would otherwise extract and re-parse `type` fifty
-    times, and the generated code for the whole projection would grow past the JIT's
-    limits; here every path costs one extraction and conditions compare plain columns.
+    The event is parsed once into VARIANT; every path any rule names is then read out
+    once (JSON text, number, string and, for time fields, epoch ms) before the rules
+    run. Fifty rules testing `type` would otherwise extract and convert it fifty times,
+    each later pass over the cached events would decode the VARIANT again, and the
+    generated code for a big projection would outgrow the JIT's limits.
     """
-    values: dict[str, FieldValue] = {}
-    cols = []
-    for i, path in enumerate(sorted(set(paths))):
-        fv = field_value(field(v, path))
-        names = (f"_f{i}_json", f"_f{i}_num", f"_f{i}_str")
-        cols += [fv.json.alias(names[0]), fv.num.alias(names[1]), fv.str.alias(names[2])]
-        values[path] = FieldValue(*(F.col(n) for n in names))
-    return (df.select("*", *cols) if cols else df), values
+
+    values: dict[str, FieldValue]
+    times: dict[str, Column]
+
+    def value(self, path: str) -> FieldValue:
+        return self.values[path]
+
+    def key(self, path: str | None) -> Column:
+        """Grouping/correlation key (see `field_key`)."""
+        return F.lit("") if path is None else self.values[path].json
+
+    def time(self, path: str) -> Column:
+        return self.times[path]
+
+
+def rule_paths(rules: Iterable[object]) -> tuple[set[str], set[str]]:
+    """(value paths, timestamp paths) that `rules` read."""
+    values: set[str] = set()
+    times: set[str] = set()
+    for r in rules:
+        values |= {c.field for c in getattr(r, "conditions", None) or []}
+        for name in ("aggregation_field", "group_by", "correlation_key", "context_value_field",
+                     "context_type_field", "event_value_field"):
+            if getattr(r, name, None):
+                values.add(getattr(r, name))
+        if getattr(r, "timestamp_field", None):
+            times.add(r.timestamp_field)
+    return values, times
+
+
+def extract_fields(
+    df: DataFrame, rules: Iterable[object], time_paths: Iterable[str] = (), v: Column | None = None
+) -> tuple[DataFrame, Fields]:
+    """`df` plus one column per form of each field `rules` read (see Fields)."""
+    v = F.col("v") if v is None else v
+    value_paths, times = rule_paths(rules)
+    times |= set(time_paths)
+    paths = sorted(value_paths | times)
+    # One projection per step, each reading the previous step's columns: written as one
+    # expression, every form would look the path up and serialize it again (Spark does
+    # not share subexpressions inside CASE branches), several times per field and row.
+    names = {p: (f"__f{i}_x", f"__f{i}_json", f"__f{i}_num", f"__f{i}_str") for i, p in enumerate(paths)}
+    x = {p: F.col(n[0]) for p, n in names.items()}
+    steps: list[list[Column]] = [
+        [field(v, p).alias(names[p][0]) for p in paths],
+        [json_text(x[p]).alias(names[p][1]) for p in paths],
+        [as_string(x[p], F.col(names[p][1])).alias(names[p][3]) for p in paths],
+        [as_number(x[p], F.col(names[p][1]), F.col(names[p][3])).alias(names[p][2]) for p in paths],
+    ]
+    out = df
+    for step in steps if paths else []:
+        out = out.select("*", *step)
+    values = {p: FieldValue(F.col(names[p][1]), F.col(names[p][2]), F.col(names[p][3])) for p in paths}
+    time_cols = {p: F.col(f"__t{i}") for i, p in enumerate(sorted(times))}
+    if times:
+        out = out.select("*", *[timestamp_of(values[p].num, values[p].str).alias(f"__t{i}") for i, p in enumerate(sorted(times))])
+    out = out.drop(*[n[0] for n in names.values()])
+    return out, Fields(values, time_cols)

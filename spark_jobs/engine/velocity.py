@@ -1,6 +1,12 @@
 """Velocity rules in batch: sliding (per-event, not aligned) windows as range-window
 functions, evaluated in the JVM.
 
+Rules that read the same topic with the same key and clock form one group, evaluated in
+one pass: one shuffle and one sort of the events by (key, time), each rule's window an
+aggregate over its own qualifying rows (`CASE WHEN qualifies THEN value END`). Ten rules
+grouped by user cost one sort, not ten; the event text rides along once, so emitted
+rows need no join back to their events.
+
 The window at an event at time t holds the key's qualifying events with timestamps in
 (t - W, t] that were taken at or before it; equal timestamps are taken in arrival
 order. A range frame on the timestamp alone would also include later events with the
@@ -15,16 +21,16 @@ is the size of the union of the two value sets.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass
+from functools import reduce
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from spark_jobs.engine.conditions import all_conditions
-from spark_jobs.engine.emits import extra, json_member, json_number, json_string, select_emits
-from spark_jobs.engine.events import dead_letters
-from spark_jobs.engine.values import as_number as _as_number
-from spark_jobs.engine.values import field, field_key, field_timestamp_ms, json_text, with_field_values
+from spark_jobs.engine.emits import extra, json_member, json_number, json_string, literal_head, rule_meta
+from spark_jobs.engine.values import Fields
 from spark_jobs.rules.model import VelocityRule
 
 ROUTED_COLUMNS = ["topic", "seq", "raw", "v", "proc_ms", "ts_ms"]
@@ -32,52 +38,74 @@ ROUTED_COLUMNS = ["topic", "seq", "raw", "v", "proc_ms", "ts_ms"]
 
 @dataclass
 class VelocityOutput:
-    emits: DataFrame  # EMIT_COLUMNS; empty of rows when emit_to_sink is false
-    routed: DataFrame | None  # ROUTED_COLUMNS, the emitted events when emit_to_sink is false
-    dead: DataFrame
+    emits: DataFrame | None  # EMIT_COLUMNS of the rules that emit to the sink
+    routed: dict[str, DataFrame]  # rule id -> ROUTED_COLUMNS, rules with emit_to_sink false
+    dead: list[DataFrame]
 
 
-def qualifying(events: DataFrame, rule: VelocityRule) -> tuple[DataFrame, DataFrame]:
-    """Events that enter this rule's window, with k (key), ts, val; and the dead letters.
+def _group_key(rule: VelocityRule) -> tuple[str, str | None, str | None]:
+    return rule.source_topic, rule.group_by, rule.timestamp_field if rule.uses_event_time else None
 
-    An event enters when it passes the pre-filter and has the group value and (for all
-    but count) the aggregation value. Such an event without a usable timestamp is a
-    dead letter for this rule: it is relevant, but cannot be placed in time.
-    """
-    v = F.col("v")
+
+def _value(rule: VelocityRule, fields: Fields) -> Column:
+    """What the rule aggregates; NULL when the event lacks it (the event then does not
+    enter the window). count needs no value, but a named aggregation_field must exist."""
+    path = rule.aggregation_field
     if rule.aggregation_type == "count":
-        # count needs no value, but a named aggregation_field must still be present.
-        val: Column = json_text(field(v, rule.aggregation_field)) if rule.aggregation_field else F.lit("")
-    elif rule.aggregation_type == "distinct_count":
-        val = json_text(field(v, rule.aggregation_field))
-    else:
-        val = _as_number(field(v, rule.aggregation_field))
-    ts = field_timestamp_ms(v, rule.timestamp_field) if rule.uses_event_time else F.col("proc_ms")
-    topic_events, values = with_field_values(
-        events.filter(F.col("topic") == rule.source_topic), v, (c.field for c in rule.conditions)
-    )
-    base = topic_events.filter(all_conditions(v, rule.conditions, values)).select(
-        "topic", "seq", "raw", "v", "proc_ms",
-        field_key(v, rule.group_by).alias("k"),
-        ts.alias("ts_ms"),
-        val.alias("val"),
-    )
-    base = base.filter(F.col("k").isNotNull() & F.col("val").isNotNull())
-    what = f"timestamp field {rule.timestamp_field!r}" if rule.uses_event_time else "processing time"
-    dead = dead_letters(
-        base.filter(F.col("ts_ms").isNull()),
-        F.lit(f"missing or unparseable {what} needed by velocity rule"),
-        rule.rule_id,
-    )
-    return base.filter(F.col("ts_ms").isNotNull()), dead
+        return fields.value(path).json if path else F.lit("")
+    if rule.aggregation_type == "distinct_count":
+        return fields.value(path).json
+    return fields.value(path).num
 
 
-def window_aggregate(df: DataFrame, rule: VelocityRule) -> DataFrame:
-    """Adds `agg`: the rule's aggregation over the window at each event."""
+def _time(rule: VelocityRule, fields: Fields) -> Column:
+    return fields.time(rule.timestamp_field) if rule.uses_event_time else F.col("proc_ms")
+
+
+def _entered(
+    events: DataFrame, rules: list[VelocityRule], fields: Fields, timed: bool = True
+) -> tuple[DataFrame, list[Column]]:
+    """The group's events that enter at least one rule's window: k, ts_ms, one `_q{i}`
+    (enters rule i) and `_x{i}` (its value) per rule. `timed`: only those with a usable
+    timestamp (the others are `_dead`)."""
+    first = rules[0]
+    v = F.col("v")
+    topic_events = events.filter(F.col("topic") == first.source_topic)
+    cols: list[Column] = []
+    for i, r in enumerate(rules):
+        x = _value(r, fields)
+        cols += [(all_conditions(v, r.conditions, fields.values) & x.isNotNull()).alias(f"_q{i}"), x.alias(f"_x{i}")]
+    base = topic_events.select(
+        "topic", "seq", "raw", "proc_ms", fields.key(first.group_by).alias("k"), _time(first, fields).alias("ts_ms"),
+        *cols,
+    )
+    q = [F.col(f"_q{i}") for i in range(len(rules))]
+    base = base.filter(F.col("k").isNotNull() & reduce(lambda a, b: a | b, q))
+    return (base.filter(F.col("ts_ms").isNotNull()) if timed else base), q
+
+
+def _dead(events: DataFrame, rules: list[VelocityRule], fields: Fields) -> DataFrame:
+    """Events that enter a rule of the group but have no usable timestamp: relevant, but
+    they cannot be placed in time. The timestamp test runs first, so the rules'
+    conditions are evaluated only for the (normally few) events without one."""
+    first = rules[0]
+    untimed = events.filter((F.col("topic") == first.source_topic) & _time(first, fields).isNull())
+    entered, q = _entered(untimed, rules, fields, timed=False)
+    ids = F.array_compact(F.array(*[F.when(q[i], F.lit(r.rule_id)) for i, r in enumerate(rules)]))
+    what = f"timestamp field {first.timestamp_field!r}" if first.uses_event_time else "processing time"
+    return entered.select("topic", "seq", "raw", F.explode(ids).alias("_rule_id")).select(
+        "topic", "seq", "raw", F.lit(f"missing or unparseable {what} needed by velocity rule").alias("reason"),
+        F.col("_rule_id").alias("rule_id"),
+    )
+
+
+def _aggregate(i: int, rule: VelocityRule) -> Column:
+    """Rule i's aggregation over its window at each event (meaningful where `_q{i}`)."""
     w_ms = rule.window_ms
     by_time = Window.partitionBy("k").orderBy("ts_ms")
     same_ts = Window.partitionBy("k", "ts_ms").orderBy("seq").rowsBetween(Window.unboundedPreceding, 0)
-    val = F.col("val")
+    val = F.when(F.col(f"_q{i}"), F.col(f"_x{i}"))
+    one = F.when(F.col(f"_q{i}"), F.lit(1))
     kind = rule.aggregation_type
 
     def earlier(agg: Column) -> Column:
@@ -95,42 +123,87 @@ def window_aggregate(df: DataFrame, rule: VelocityRule) -> DataFrame:
 
     exact = val.try_cast("decimal(38,12)")
     if kind == "count":
-        agg = (earlier(F.count(F.lit(1))) + F.count(F.lit(1)).over(same_ts)).cast("double")
-    elif kind == "sum":
-        agg = (earlier(F.sum(exact)) + F.sum(exact).over(same_ts)).cast("double")
-    elif kind == "avg":
+        return (earlier(F.count(one)) + F.count(one).over(same_ts)).cast("double")
+    if kind == "sum":
+        return (earlier(F.sum(exact)) + F.sum(exact).over(same_ts)).cast("double")
+    if kind == "avg":
         s = earlier(F.sum(exact)) + F.sum(exact).over(same_ts)
         n = earlier(F.count(val)) + F.count(val).over(same_ts)
-        agg = (s / n).cast("double")
-    else:
-        # min, max and distinct_count do not subtract: a sliding range frame it is.
-        sliding = by_time.rangeBetween(-(w_ms - 1), -1) if w_ms > 1 else None
+        return (s / n).cast("double")
+    # min, max and distinct_count do not subtract: a sliding range frame it is.
+    sliding = by_time.rangeBetween(-(w_ms - 1), -1) if w_ms > 1 else None
 
-        def over_a(a: Column, empty: Column) -> Column:
-            return a.over(sliding) if sliding is not None else empty
+    def over_a(a: Column, empty: Column) -> Column:
+        return a.over(sliding) if sliding is not None else empty
 
-        if kind == "min":
-            agg = F.least(over_a(F.min(val), F.lit(None).cast("double")), F.min(val).over(same_ts))
-        elif kind == "max":
-            agg = F.greatest(over_a(F.max(val), F.lit(None).cast("double")), F.max(val).over(same_ts))
-        elif kind == "distinct_count":
-            none = F.array().cast("array<string>")
-            a = F.coalesce(over_a(F.collect_set(val), none), none)
-            agg = F.size(F.array_union(a, F.collect_set(val).over(same_ts))).cast("double")
-        else:  # pragma: no cover - the model rejects other values
-            raise ValueError(kind)
-    return df.withColumn("agg", agg)
+    if kind == "min":
+        return F.least(over_a(F.min(val), F.lit(None).cast("double")), F.min(val).over(same_ts))
+    if kind == "max":
+        return F.greatest(over_a(F.max(val), F.lit(None).cast("double")), F.max(val).over(same_ts))
+    if kind == "distinct_count":
+        none = F.array().cast("array<string>")
+        a = F.coalesce(over_a(F.collect_set(val), none), none)
+        return F.size(F.array_union(a, F.collect_set(val).over(same_ts))).cast("double")
+    raise ValueError(kind)  # pragma: no cover - the model rejects other values
 
 
-def crossings(df: DataFrame, rule: VelocityRule) -> DataFrame:
-    """Rows at which the rule emits, per its emit_mode."""
-    above = F.col("agg") >= F.lit(float(rule.threshold))
+def _fires(i: int, rule: VelocityRule) -> Column:
+    """Whether rule i emits at this event, per its emit_mode. `last_event` compares with
+    the aggregation at the key's previous event that entered this rule."""
+    agg, q = F.col(f"_a{i}"), F.col(f"_q{i}")
+    above = q & (agg >= F.lit(float(rule.threshold)))
     if rule.emit_mode == "all_events":
-        return df.filter(above)
-    prev = F.lag("agg").over(Window.partitionBy("k").orderBy("ts_ms", "seq"))
-    return df.withColumn("_prev", prev).filter(
-        above & (F.col("_prev").isNull() | (F.col("_prev") < F.lit(float(rule.threshold))))
-    )
+        return above
+    before = Window.partitionBy("k").orderBy("ts_ms", "seq").rowsBetween(Window.unboundedPreceding, -1)
+    prev = F.last(F.when(q, agg), ignorenulls=True).over(before)
+    return above & (prev.isNull() | (prev < F.lit(float(rule.threshold))))
+
+
+def _fired(events: DataFrame, rules: list[VelocityRule], fields: Fields) -> DataFrame:
+    """Fired rows of one group: the event columns plus `_i` (index of the rule that
+    fired) and `agg`."""
+    entered, _ = _entered(events, rules, fields)
+    # One shuffle and one sort serve every window below: each Window's required
+    # distribution (by k) and ordering (k, ts_ms[, seq]) is already met.
+    ordered = entered.repartition("k").sortWithinPartitions("k", "ts_ms", "seq")
+    with_aggs = ordered.select("*", *[_aggregate(i, r).alias(f"_a{i}") for i, r in enumerate(rules)])
+    fired = F.array_compact(F.array(*[
+        F.when(_fires(i, r), F.struct(F.lit(i).alias("i"), F.col(f"_a{i}").alias("agg"))) for i, r in enumerate(rules)
+    ]))
+    # Window functions may not sit under a generator: the array first, then explode.
+    fired_rows = with_aggs.select("topic", "seq", "raw", "proc_ms", "ts_ms", fired.alias("_fired"))
+    out = fired_rows.select("topic", "seq", "raw", "proc_ms", "ts_ms", F.explode("_fired").alias("_f"))
+    return out.select("topic", "seq", "raw", "proc_ms", "ts_ms", F.col("_f.i").alias("_i"), F.col("_f.agg").alias("agg"))
+
+
+def velocity_rules(events: DataFrame, rules: list[VelocityRule], fields: Fields) -> VelocityOutput:
+    groups: dict[tuple, list[VelocityRule]] = defaultdict(list)
+    for r in rules:
+        groups[_group_key(r)].append(r)
+    out = VelocityOutput(emits=None, routed={}, dead=[])
+    emits: list[DataFrame] = []
+    for _, rs in sorted(groups.items(), key=lambda kv: tuple(str(x) for x in kv[0])):
+        fired = _fired(events, rs, fields)
+        out.dead.append(_dead(events, rs, fields))
+        for i, r in enumerate(rs):
+            if not r.emit_to_sink:
+                out.routed[r.rule_id] = fired.filter(F.col("_i") == i).select(
+                    "topic", "seq", "raw", F.parse_json("raw").alias("v"), "proc_ms", "ts_ms"
+                )
+        sink = [i for i, r in enumerate(rs) if r.emit_to_sink]
+        if not sink:
+            continue
+        meta = F.array(*[F.struct(*rule_meta(r), literal_head(r), F.lit(r.aggregation_type).alias("agg_type")) for r in rs])
+        m = F.element_at(meta, F.col("_i") + 1)
+        emitted = fired.filter(F.col("_i").isin(sink)) if len(sink) < len(rs) else fired
+        emits.append(emitted.select(
+            *[m[c].alias(c) for c in ("rule_id", "rule_version", "rule_type", "rule_name")],
+            "topic", "seq", "ts_ms", "raw",
+            velocity_members(m["agg_type"], F.col("agg")).alias("extra"),
+            m["head"].alias("head"),
+        ))
+    out.emits = reduce(lambda a, b: a.unionByName(b), emits) if emits else None
+    return out
 
 
 def velocity_members(agg_type: Column, agg: Column) -> Column:
@@ -140,16 +213,3 @@ def velocity_members(agg_type: Column, agg: Column) -> Column:
         json_member("aggregation_type", json_string(agg_type)),
         json_member("aggregation_value", value),
     )
-
-
-def velocity_extra(rule: VelocityRule) -> Column:
-    return velocity_members(F.lit(rule.aggregation_type), F.col("agg"))
-
-
-def velocity_rule(events: DataFrame, rule: VelocityRule) -> VelocityOutput:
-    entered, dead = qualifying(events, rule)
-    emitted = crossings(window_aggregate(entered, rule), rule)
-    emits = select_emits(emitted, rule, F.col("ts_ms"), velocity_extra(rule))
-    if rule.emit_to_sink:
-        return VelocityOutput(emits, None, dead)
-    return VelocityOutput(emits.limit(0), emitted.select(*ROUTED_COLUMNS), dead)
