@@ -50,7 +50,8 @@ def read_input(spark: SparkSession, spec: InputSpec, index: int) -> DataFrame:
         raw = F.to_json(F.struct(*[F.col(f"`{c}`") for c in df.columns]))
         df = df.select(raw.alias("raw"))
     else:
-        df = spark.read.text(spec.path).select(F.regexp_replace(F.col("value"), r"\r$", "").alias("raw"))
+        # Hadoop's line reader ends a line at LF, CRLF or CR and strips the terminator.
+        df = spark.read.text(spec.path).select(F.col("value").alias("raw"))
         df = df.filter(F.trim(F.col("raw")) != F.lit(""))  # blank lines are not records
     seq = F.lit(index).cast("long") * F.lit(1 << _SEQ_SHIFT) + F.monotonically_increasing_id()
     return df.select(

@@ -10,13 +10,15 @@ rows need no join back to their events.
 The window at an event at time t holds the key's qualifying events with timestamps in
 (t - W, t] that were taken at or before it; equal timestamps are taken in arrival
 order. A range frame on the timestamp alone would also include later events with the
-same timestamp, so each aggregate combines two frames:
+same timestamp. So count, sum and avg are the difference of two prefix frames (all up
+to this event in (time, arrival) order, less all at or before t - W); min, max and
+distinct_count, which do not subtract, combine two frames:
 
   A: strictly earlier timestamps inside the window  (range frame [-(W-1), -1] in ms)
   B: the same timestamp, arrival order up to this event  (rows frame per (key, ts))
 
-count/sum add, min/max take the extreme of both, avg is sum/count and distinct_count
-is the size of the union of the two value sets.
+min/max take the extreme of both and distinct_count the size of the union of the two
+value sets.
 """
 
 from __future__ import annotations
@@ -108,28 +110,26 @@ def _aggregate(i: int, rule: VelocityRule) -> Column:
     one = F.when(F.col(f"_q{i}"), F.lit(1))
     kind = rule.aggregation_type
 
-    def earlier(agg: Column) -> Column:
-        """agg over frame A, i.e. timestamps in [t - W + 1, t - 1].
+    def in_window(agg: Column) -> Column:
+        """agg over the window: everything up to this event in (time, arrival) order,
+        less everything at or before t - W.
 
         Spark re-aggregates a sliding frame from scratch whenever it moves (O(n * w)),
-        which is quadratic for a busy key. For count and sum the frame is instead the
-        difference of two prefix frames (unbounded preceding up to t-1 and up to t-W),
-        which Spark computes incrementally: O(n). Sums use DECIMAL so the difference
-        is exact.
+        which is quadratic for a busy key; both frames here are prefix frames, which
+        Spark computes incrementally: O(n). Sums use DECIMAL so the difference is exact.
         """
-        upto_prev = agg.over(by_time.rangeBetween(Window.unboundedPreceding, -1))
+        upto_me = agg.over(Window.partitionBy("k").orderBy("ts_ms", "seq").rowsBetween(Window.unboundedPreceding, 0))
         upto_low = agg.over(by_time.rangeBetween(Window.unboundedPreceding, -w_ms))
-        return F.coalesce(upto_prev, F.lit(0)) - F.coalesce(upto_low, F.lit(0))
+        return F.coalesce(upto_me, F.lit(0)) - F.coalesce(upto_low, F.lit(0))
 
     exact = val.try_cast("decimal(38,12)")
     if kind == "count":
-        return (earlier(F.count(one)) + F.count(one).over(same_ts)).cast("double")
+        return in_window(F.count(one)).cast("double")
     if kind == "sum":
-        return (earlier(F.sum(exact)) + F.sum(exact).over(same_ts)).cast("double")
+        return in_window(F.sum(exact)).cast("double")
     if kind == "avg":
-        s = earlier(F.sum(exact)) + F.sum(exact).over(same_ts)
-        n = earlier(F.count(val)) + F.count(val).over(same_ts)
-        return (s / n).cast("double")
+        # A row that does not enter this rule may see an empty window: NULL, not an error.
+        return F.try_divide(in_window(F.sum(exact)), in_window(F.count(val))).cast("double")
     # min, max and distinct_count do not subtract: a sliding range frame it is.
     sliding = by_time.rangeBetween(-(w_ms - 1), -1) if w_ms > 1 else None
 

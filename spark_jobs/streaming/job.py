@@ -7,7 +7,8 @@ Plan of one micro-batch:
     -> join (broadcast) with the rule snapshot: one row per (event, rule it may concern)
     -> the engine's condition / key / time / value expressions, with the rule as data
     -> threshold: detections at once
-    -> velocity, correlation: transformWithState keyed by (rule_id, key)
+    -> velocity, correlation: transformWithState keyed by (rule_id, bucket of the key);
+       per-key state in a MapState of the bucket (processor.py)
     -> detections / dead letters / routed velocity emits, one Kafka write with a
        per-row topic (sink, dead-letter topic, internal `detect.routed`)
 
@@ -20,9 +21,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -35,8 +38,8 @@ from spark_jobs.engine.conditions import compare_spec
 from spark_jobs.engine.correlation import correlation_members
 from spark_jobs.engine.detections import render
 from spark_jobs.engine.emits import EMIT_COLUMNS
-from spark_jobs.engine.events import parse_events
-from spark_jobs.engine.values import as_number, field, field_value, json_text, timestamp_ms
+from spark_jobs.engine.events import classify
+from spark_jobs.engine.values import FieldValue, field, field_value, timestamp_ms
 from spark_jobs.engine.velocity import velocity_members
 from spark_jobs.kafka import admin
 from spark_jobs.kafka.datasource import read_stream, register, write_stream
@@ -63,6 +66,9 @@ class DetectConfig:
     starting_offsets: str = "earliest"
     master: str | None = None
     status_file: Path | None = None
+    # Keys of a rule are spread over this many buckets (one Python call per bucket and
+    # micro-batch); fixed for a checkpoint (recorded in it), 0: the default.
+    key_buckets: int = 0
 
     @property
     def state_dir(self) -> Path:
@@ -73,6 +79,30 @@ class DetectConfig:
         return self.status_file or (self.checkpoint / "status.json")
 
 
+DEFAULT_KEY_BUCKETS = 32
+BUCKETS_ENV = "DETECT_KEY_BUCKETS"
+
+
+def key_buckets(cfg: DetectConfig) -> int:
+    """The bucket count of this checkpoint: a key's state lives in its bucket, so the
+    count recorded at the first start wins over a later setting."""
+    path = cfg.checkpoint / "key_buckets"
+    if path.exists():
+        return int(path.read_text().strip())
+    n = cfg.key_buckets or int(os.environ.get(BUCKETS_ENV) or DEFAULT_KEY_BUCKETS)
+    if n < 1:
+        raise ValueError(f"key buckets must be >= 1, not {n}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(str(n))
+    tmp.replace(path)
+    return n
+
+
+def _cores(spark: SparkSession) -> int:
+    return max(1, int(spark.sparkContext.defaultParallelism))
+
+
 def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
@@ -80,13 +110,16 @@ def _iso(ts: float) -> str:
 # ------------------------------------------------------------------------------ the plan
 
 
-def _input(spark: SparkSession, cfg: DetectConfig) -> DataFrame:
+def _input(spark: SparkSession, cfg: DetectConfig, min_partitions: int = 0) -> DataFrame:
     raw = read_stream(
         spark,
         cfg.bootstrap,
         topics_file=str(cfg.state_dir / "topics.json"),
         max_offsets_per_trigger=cfg.max_offsets_per_trigger,
         starting_offsets=cfg.starting_offsets,
+        # A micro-batch of one busy topic partition is split into several tasks, so
+        # parsing and the rule join use every core.
+        options={"minPartitions": str(min_partitions)} if min_partitions > 0 else None,
     )
     # Routed velocity emits carry the original topic and arrival position in their key.
     routed = F.col("topic") == F.lit(ROUTED_TOPIC)
@@ -103,20 +136,101 @@ def _input(spark: SparkSession, cfg: DetectConfig) -> DataFrame:
     )
 
 
-def _fan_out(events: DataFrame, rules: DataFrame) -> DataFrame:
-    r = rules.select(*[F.col(c).alias(f"r_{c}") for c in rules.columns])
-    joined = events.join(
-        F.broadcast(r),
-        (events["in_topic"] == r["r_topic"])
-        & (r["r_route_from"].isNull() | (r["r_route_from"] == events["route_from"])),
+def _forms(x: Column) -> Column:
+    """A field's VARIANT value and the forms comparisons and keys read, as one struct."""
+    fv = field_value(x)
+    return F.struct(x.alias("x"), fv.json.alias("json"), fv.num.alias("num"), fv.str.alias("str"))
+
+
+def snapshot_shape(rules: DataFrame) -> tuple[list[str], int]:
+    """Every JSON path the rule snapshot reads now (conditions, key, time, value), and
+    the most conditions a rule has."""
+    cond_paths = F.coalesce(F.transform("conditions", lambda c: c["path"]), F.array().cast("array<string>"))
+    every = F.concat(cond_paths, F.array("key_path", "ts_path", "val_path"))
+    rows = rules.select(every.alias("p"), F.size("conditions").alias("n")).collect()
+    paths = sorted({p for r in rows for p in (r["p"] or []) if p is not None})
+    return paths, max([r["n"] or 0 for r in rows], default=0)
+
+
+def _passes(conditions: Column, fast: Column, known: Callable[[Column], Column], slots: int) -> Column:
+    """Whether an event passes all of a rule's conditions.
+
+    Higher-order functions (forall over the array) are evaluated interpreted, and in
+    Spark 4.2 every element or field read by an interpreted expression costs a
+    configuration lookup; per (event, rule) row that dominated the job. So a rule with
+    at most `slots` conditions (as many as the rules had at start), all on paths read
+    up front (`fast`, decided once per rule on the small side of the join), is compared
+    as plain generated code; forall is only reached by the others.
+    """
+    n = F.size(conditions)
+    fixed = F.lit(True)
+    for i in range(slots):
+        c = F.get(conditions, i)
+        f = known(c["path"])
+        ok = compare_spec(FieldValue(f["json"], f["num"], f["str"]), c["op"], c["kind"], c["num"], c["str"], c["flag"])
+        fixed = fixed & ((n <= F.lit(i)) | ok)
+    rest = F.forall(
+        conditions,
+        lambda c: compare_spec(field_value(field(F.col("v"), c["path"])), c["op"], c["kind"], c["num"], c["str"],
+                               c["flag"]),
     )
+    return conditions.isNotNull() & F.when(fast, fixed).otherwise(rest)
+
+
+def _fan_out(events: DataFrame, rules: DataFrame, known_paths: list[str] | None = None,
+             max_conditions: int = 4, keep_malformed: bool = False) -> DataFrame:
+    """One row per (event, rule whose conditions it passes), with the rule's key, event
+    time and value read from the event.
+
+    Paths are data (the rules), so reading a field at a path taken from a rule parses
+    that path for every row. The paths known when the query starts (`known_paths`) are
+    read once per event instead, as constants, into a map of their forms, and the
+    per-(event, rule) work is map lookups. A rule with a path not in the map (published
+    later) reads it directly: slower, same value.
+    """
     v = F.col("v")
-    passes = F.forall(
-        "r_conditions",
-        lambda c: compare_spec(field_value(field(v, c["path"])), c["op"], c["kind"], c["num"], c["str"], c["flag"]),
+    known_paths = known_paths or ["$"]  # the map needs one entry to have its type; "$" is a valid path
+    fields = F.create_map(*[x for p in known_paths for x in (F.lit(p), _forms(field(v, F.lit(p))))])
+    events = events.select("*", fields.alias("_f"))
+
+    def known(path: Column) -> Column:
+        return F.col("_f")[path]
+
+    def lookup(path: Column, path_known: Column) -> Column:
+        return F.when(path_known, known(path)).otherwise(_forms(field(v, path)))
+
+    def path_known(path: Column) -> Column:
+        return path.isNotNull() & path.isin(*known_paths)
+
+    r = rules.select(
+        *[F.col(c).alias(f"r_{c}") for c in rules.columns],
+        # Decided once per rule per micro-batch (the rules side is small).
+        ((F.size("conditions") <= F.lit(max_conditions))
+         & F.forall("conditions", lambda c: path_known(c["path"]))).alias("r_fast"),
+        path_known(F.col("key_path")).alias("r_key_known"),
+        path_known(F.col("ts_path")).alias("r_ts_known"),
+        path_known(F.col("val_path")).alias("r_val_known"),
     )
-    x = field(v, F.col("r_val_path"))
-    return joined.filter(passes).select(
+    on = (
+        (events["in_topic"] == r["r_topic"])
+        & (r["r_route_from"].isNull() | (r["r_route_from"] == events["route_from"]))
+        & _passes(F.col("r_conditions"), F.col("r_fast"), known, max_conditions)
+    )
+    if keep_malformed:
+        # Records that are not events come through once, with no rule, to be dead
+        # letters: the same scan of the input serves both.
+        joined = events.join(F.broadcast(r), on & F.col("_reason").isNull(), "left").filter(
+            F.col("r_rule_id").isNotNull() | F.col("_reason").isNotNull()
+        )
+    else:
+        joined = events.filter(F.col("_reason").isNull()).join(F.broadcast(r), on)
+    extracted = joined.select(
+        "*",
+        lookup(F.col("r_key_path"), F.col("r_key_known")).alias("_fk"),
+        lookup(F.col("r_ts_path"), F.col("r_ts_known")).alias("_ft"),
+        lookup(F.col("r_val_path"), F.col("r_val_known")).alias("_fv"),
+    )
+    return extracted.select(
         F.col("r_rule_id").alias("rule_id"),
         F.col("r_rule_version").alias("rule_version"),
         F.col("r_rule_type").alias("rule_type"),
@@ -125,65 +239,101 @@ def _fan_out(events: DataFrame, rules: DataFrame) -> DataFrame:
         F.col("r_rule_json").alias("rule_json"),
         F.col("r_event_time").alias("event_time"),
         F.col("r_val_need").alias("val_need"),
-        "topic", "seq", "raw", "proc_ms",
-        F.when(F.col("r_key_path").isNull(), F.lit("")).otherwise(json_text(field(v, F.col("r_key_path")))).alias("k"),
+        "topic", "seq", "raw", "proc_ms", "_reason",
+        F.when(F.col("r_key_path").isNull(), F.lit("")).otherwise(F.col("_fk")["json"]).alias("k"),
         F.when(F.col("r_ts_path").isNull(), F.col("proc_ms"))
-        .otherwise(timestamp_ms(field(v, F.col("r_ts_path"))))
+        .otherwise(timestamp_ms(F.col("_ft")["x"]))
         .alias("ts_ms"),
-        as_number(x).alias("num"),
-        json_text(x).alias("jv"),
+        F.col("_fv")["num"].alias("num"),
+        F.col("_fv")["json"].alias("jv"),
     )
 
 
-def _dead(df: DataFrame, reason: Column, rule_id: Column, topic: str) -> DataFrame:
-    value = F.to_json(
-        F.struct(reason.alias("reason"), rule_id.alias("rule_id"), F.col("topic"), F.col("seq"), F.col("raw")),
+_PASS = "\u0000"  # marks a row that is not a detection while it rides through render()
+
+
+def _records(rows: DataFrame, kind: Column, members: Column, cfg: DetectConfig) -> DataFrame:
+    """Rows with the emit columns, a kind (detection | routed | dead) and a dead
+    letter's reason -> Kafka records (topic, key, value), in one projection.
+
+    One projection, because a DataFrame under a union is computed once per branch: the
+    stateful operator's output split by kind would be three copies of the operator
+    (each with its own state, every key processed three times), the input split into
+    detections and dead letters two scans of the topics. Detections are rendered;
+    routed velocity emits and dead letters ride through render() with their final key
+    and value in the columns it passes through unchanged (rule_id, rule_version) and
+    their kind in rule_type, and are picked out after it.
+    """
+    det = kind == F.lit("detection")
+    routed = kind == F.lit("routed")
+    routed_key = F.to_json(F.struct(F.col("rule_id").alias("from"), "topic", "seq"))
+    dead_value = F.to_json(
+        F.struct(F.col("reason").alias("reason"), F.col("rule_id").alias("rule_id"), F.col("topic"), F.col("seq"),
+                 F.col("raw")),
         {"ignoreNullFields": "false"},
     )
-    return df.select(F.lit(topic).alias("topic"), F.lit(None).cast("string").alias("key"), value.alias("value"))
-
-
-def _rendered(emits: DataFrame, topic: str) -> DataFrame:
+    emits = rows.select(
+        F.when(det, F.col("rule_id")).when(routed, F.col("raw")).otherwise(dead_value).alias("rule_id"),
+        F.when(det, F.col("rule_version")).when(routed, routed_key).alias("rule_version"),
+        F.when(det, F.col("rule_type")).otherwise(F.concat(F.lit(_PASS), kind)).alias("rule_type"),
+        "rule_name", "topic", "seq", "ts_ms", "raw",
+        F.when(det, members).otherwise(F.lit("")).alias("extra"),
+    )
     d = render(emits.select(*EMIT_COLUMNS))
-    return d.select(F.lit(topic).alias("topic"), F.col("rule_id").alias("key"), F.col("value"))
+    passed = F.col("rule_type").startswith(_PASS)
+    return d.select(
+        F.when(~passed, F.lit(cfg.sink_topic))
+        .when(F.col("rule_type") == F.lit(_PASS + "routed"), F.lit(ROUTED_TOPIC))
+        .otherwise(F.lit(cfg.dead_letter_topic)).alias("topic"),
+        F.when(passed, F.col("rule_version")).otherwise(F.col("rule_id")).alias("key"),
+        F.when(passed, F.col("rule_id")).otherwise(F.col("value")).alias("value"),
+    )
 
 
-def build(spark: SparkSession, cfg: DetectConfig, watermark_delay_s: float) -> DataFrame:
+def build(spark: SparkSession, cfg: DetectConfig, watermark_delay_s: float, buckets: int = DEFAULT_KEY_BUCKETS,
+          min_partitions: int = 0) -> DataFrame:
     """The whole job as one streaming DataFrame of (topic, key, value) Kafka records."""
     register(spark)
     spark.dataSource.register(RulesSnapshotDataSource)
-    events, malformed = parse_events(_input(spark, cfg))
+    raw = classify(_input(spark, cfg, min_partitions))
     rules = (
         spark.read.format("rules_snapshot")
         .option("path", str(cfg.state_dir / "rules.json"))
         .option("routed_topic", ROUTED_TOPIC)
         .load()
     )
-    fan = _fan_out(events, rules)
+    known_paths, max_conditions = snapshot_shape(rules)
+    slots = max(1, max_conditions)
 
-    threshold = fan.filter(F.col("rule_type") == "threshold").select(
-        "rule_id", "rule_version", "rule_type", "rule_name", "topic", "seq",
-        F.col("proc_ms").alias("ts_ms"), "raw", F.lit("").alias("extra"),
+    # Threshold detections and the records that are not events: one scan.
+    threshold = _fan_out(raw, rules.filter(F.col("rule_type") == "threshold"), known_paths, slots, keep_malformed=True)
+    matched = F.col("rule_id").isNotNull()
+    threshold_records = _records(
+        threshold.withColumn("ts_ms", F.col("proc_ms")).withColumn("reason", F.col("_reason")),
+        F.when(matched, F.lit("detection")).otherwise(F.lit("dead")),
+        F.lit(""),
+        cfg,
     )
 
-    keyed = fan.filter(
-        (F.col("rule_type") != "threshold")
-        & F.col("k").isNotNull()
+    # Velocity and correlation: the other scan, through the stateful operator (which
+    # also dead-letters late rows and event-time rows without a usable timestamp).
+    keyed = _fan_out(raw, rules.filter(F.col("rule_type") != "threshold"), known_paths, slots).filter(
+        F.col("k").isNotNull()
         & ((F.col("val_need") == "none") | ((F.col("val_need") == "num") & F.col("num").isNotNull())
            | ((F.col("val_need") == "json") & F.col("jv").isNotNull()))
+        & (F.col("ts_ms").isNotNull() | F.col("event_time"))
     )
-    no_time = keyed.filter(F.col("event_time") & F.col("ts_ms").isNull())
-    timed = keyed.filter(F.col("ts_ms").isNotNull())
     # The job watermark: bounded out-of-orderness over event-time rows. The metadata is
     # then projected away (wm_ts re-derived) so Spark does not drop late rows silently;
     # the processor dead-letters them instead.
-    watermarked = timed.withColumn(
+    watermarked = keyed.withColumn(
         "wm_ts", F.when(F.col("event_time"), F.timestamp_millis(F.col("ts_ms")))
     ).withWatermark("wm_ts", f"{int(watermark_delay_s * 1000)} milliseconds")
     stateful_in = watermarked.select(
-        "rule_id", "k", "role", "rule_json", "event_time", "ts_ms", "seq", "topic", "raw", "num", "jv"
+        "rule_id", "k", "role", "rule_json", "event_time", "ts_ms", "seq", "topic", "raw", "num", "jv",
+        F.pmod(F.xxhash64("k"), F.lit(buckets)).cast("int").alias("bucket"),
     )
-    out = stateful_in.groupBy("rule_id", "k").transformWithState(
+    out = stateful_in.groupBy("rule_id", "bucket").transformWithState(
         DetectionProcessor(), OUTPUT_SCHEMA, "Append", "EventTime"
     )
 
@@ -195,32 +345,7 @@ def build(spark: SparkSession, cfg: DetectConfig, watermark_delay_s: float) -> D
             F.col("metric_value"), F.col("ctx_record"), F.col("emit_context"),
         )
     )
-    stateful_detections = out.filter(F.col("kind") == "detection").select(
-        "rule_id", "rule_version", "rule_type", "rule_name", "topic", "seq", "ts_ms", "raw", members.alias("extra")
-    )
-    routed = out.filter(F.col("kind") == "routed").select(
-        F.lit(ROUTED_TOPIC).alias("topic"),
-        F.to_json(F.struct(F.col("rule_id").alias("from"), "topic", "seq")).alias("key"),
-        F.col("raw").alias("value"),
-    )
-    late = out.filter(F.col("kind") == "dead")
-    parts = [
-        _rendered(threshold, cfg.sink_topic),
-        _rendered(stateful_detections, cfg.sink_topic),
-        routed,
-        _dead(malformed, F.col("reason"), F.lit(None).cast("string"), cfg.dead_letter_topic),
-        _dead(
-            no_time,
-            F.concat(F.lit("missing or unparseable timestamp needed by "), F.col("rule_type"), F.lit(" rule")),
-            F.col("rule_id"),
-            cfg.dead_letter_topic,
-        ),
-        _dead(late, F.col("reason"), F.col("rule_id"), cfg.dead_letter_topic),
-    ]
-    result = parts[0]
-    for p in parts[1:]:
-        result = result.unionByName(p)
-    return result
+    return threshold_records.unionByName(_records(out, F.col("kind"), members, cfg))
 
 
 # ------------------------------------------------------------------------------ status
@@ -326,7 +451,7 @@ def run(cfg: DetectConfig, stop: threading.Event | None = None) -> int:
     })
     status = StatusReporter(cfg, registry, delay)
     query = (
-        write_stream(build(spark, cfg, delay), cfg.bootstrap)
+        write_stream(build(spark, cfg, delay, key_buckets(cfg), min_partitions=2 * _cores(spark)), cfg.bootstrap)
         .option("checkpointLocation", str(cfg.checkpoint / "query"))
         .trigger(processingTime=f"{cfg.trigger_ms} milliseconds")
         .queryName("detections")

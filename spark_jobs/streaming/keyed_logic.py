@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+from bisect import bisect_right, insort
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -70,6 +71,19 @@ def velocity_step(rule: VelocityRule, state: VelocityState, rows: Iterable[Row])
     emits: list[Emit] = []
     w = rule.window_ms
     thr = float(rule.threshold)
+    if rule.aggregation_type == "count":
+        # Same count as filtering the window, by bisection over the sorted times: a
+        # window of a busy (or ungrouped) key holds many events.
+        times = sorted(e.ts for e in state.window)
+        for row in rows:
+            state.window.append(row)
+            insort(times, row.ts)
+            agg = float(bisect_right(times, row.ts) - bisect_right(times, row.ts - w))
+            above = agg >= thr
+            if above and (rule.emit_mode == "all_events" or not state.prev_above):
+                emits.append(Emit(row, agg_value=agg))
+            state.prev_above = above
+        return emits
     for row in rows:
         state.window.append(row)
         in_window = [e for e in state.window if row.ts - w < e.ts <= row.ts]

@@ -1,10 +1,19 @@
-"""The stateful processor of the live job: transformWithState keyed by (rule_id, key).
+"""The stateful processor of the live job: transformWithState keyed by (rule_id, bucket).
 
-State per key lives in Spark's state store (RocksDB) and is checkpointed with the
-query: the velocity window (ListState), the correlation context buffer and held
-primaries (ListState), and a small ValueState (rule version, last crossing flag, max
-event time). Event-time timers clear a key once the watermark has passed everything it
-could still need, so state stays bounded.
+A bucket is `pmod(xxhash64(key), N)` of the rule's grouping key (job.py), so one Python
+call serves every key of a rule that falls in that bucket. State per key lives in a
+MapState keyed by the key, in Spark's state store (RocksDB), checkpointed with the
+query: one value per key holding the rule version/signature, the last crossing flag,
+the newest event time, the key's expiry and its velocity window or correlation
+buffers. Only keys present in a micro-batch are read and written (one getValue, one
+updateValue each).
+
+Expiry: each key has its own expiry time (its newest event a full window, plus the
+allowed lateness, behind); a key is forgotten once the watermark reaches it, exactly
+as a per-key event-time timer would forget it. The bucket keeps one event-time timer
+at (or before) the earliest expiry of its keys; it is moved only when a key needs an
+earlier one, and when it fires the expired keys are removed and the timer re-set for
+the next.
 
 Rows older than the job watermark are not dropped silently: they come out as dead
 letters ("late"). That is why the watermark is read here from the timer values instead
@@ -13,6 +22,7 @@ of being enforced by Spark on the operator's input.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -34,21 +44,20 @@ from spark_jobs.streaming.keyed_logic import (
     velocity_step,
 )
 
-ENTRY_SCHEMA = StructType([
-    StructField("ts", LongType()),
-    StructField("seq", LongType()),
-    StructField("num", DoubleType()),
-    StructField("jv", StringType()),
-    StructField("raw", StringType()),
-    StructField("topic", StringType()),
-])
-META_SCHEMA = StructType([
+KEY_SCHEMA = StructType([StructField("k", StringType())])
+# One key's state. `entries` / `pending` are JSON: the velocity window as columns
+# {"t": [...], "n": [...], "j": [...]} (a column of only nulls is left out), the
+# correlation buffers as lists of [ts, seq, num, jv, raw, topic].
+KEY_STATE_SCHEMA = StructType([
     StructField("version", StringType()),
     StructField("signature", StringType()),
     StructField("prev_above", BooleanType()),
     StructField("max_ts", LongType()),
-    StructField("timer", LongType()),
+    StructField("expiry", LongType()),
+    StructField("entries", StringType()),
+    StructField("pending", StringType()),
 ])
+BUCKET_SCHEMA = StructType([StructField("timer", LongType())])
 
 OUTPUT_SCHEMA = StructType([
     StructField("kind", StringType()),  # detection | routed | dead
@@ -71,18 +80,20 @@ OUTPUT_SCHEMA = StructType([
     StructField("reason", StringType()),
 ])
 
-_RULES: dict[tuple[str, str], AnyRule] = {}
+_RULES: dict[tuple[str, str], tuple[AnyRule, str]] = {}
 
 
-def _rule(rule_json: str) -> AnyRule:
+def _rule(rule_json: str) -> tuple[AnyRule, str]:
+    """The rule of a row and its state signature, parsed once per distinct rule text."""
     data = json.loads(rule_json)
     key = (data["rule_id"], rule_json)
-    rule = _RULES.get(key)
-    if rule is None:
+    hit = _RULES.get(key)
+    if hit is None:
         if len(_RULES) > 10_000:
             _RULES.clear()
-        rule = _RULES[key] = parse_rule(data)
-    return rule
+        rule = parse_rule(data)
+        hit = _RULES[key] = (rule, _signature(rule))
+    return hit
 
 
 def _signature(rule: AnyRule) -> str:
@@ -98,16 +109,51 @@ def _signature(rule: AnyRule) -> str:
     return json.dumps({k: d.get(k) for k in keep}, sort_keys=True)
 
 
-def _to_row(r: Any) -> Row:
-    return Row(ts=r["ts_ms"], seq=r["seq"], num=r["num"], jv=r["jv"], raw=r["raw"], topic=r["topic"])
+# An input row, read once from Spark's Row (by position: name lookups cost per access).
+_IN = ("role", "event_time", "ts_ms", "seq", "topic", "raw", "num", "jv")
+ROLE, EVENT_TIME, TS, SEQ, TOPIC, RAW, NUM, JV = range(len(_IN))
 
 
-def _entry(e: Row) -> tuple:
-    return (e.ts, e.seq, e.num, e.jv, e.raw if e.raw else None, e.topic or None)
+def _to_row(r: tuple) -> Row:
+    return Row(ts=r[TS], seq=r[SEQ], num=r[NUM], jv=r[JV], raw=r[RAW], topic=r[TOPIC])
 
 
-def _from_entry(t: tuple) -> Row:
-    return Row(ts=t[0], seq=t[1], num=t[2], jv=t[3], raw=t[4] or "", topic=t[5] or "")
+# -- the stored form of a key's entries --------------------------------------------------
+
+
+def _dump_window(window: list[Row]) -> str | None:
+    """Velocity window: only what aggregation needs (no event text, no seq)."""
+    if not window:
+        return None
+    cols: dict[str, list] = {"t": [e.ts for e in window]}
+    n = [e.num for e in window]
+    if any(x is not None for x in n):
+        cols["n"] = n
+    j = [e.jv for e in window]
+    if any(x is not None for x in j):
+        cols["j"] = j
+    return json.dumps(cols, separators=(",", ":"))
+
+
+def _load_window(text: str | None) -> list[Row]:
+    if not text:
+        return []
+    cols = json.loads(text)
+    t = cols["t"]
+    none = [None] * len(t)
+    return [Row(ts, 0, n, j) for ts, n, j in zip(t, cols.get("n") or none, cols.get("j") or none, strict=True)]
+
+
+def _dump_rows(rows: list[Row]) -> str | None:
+    if not rows:
+        return None
+    return json.dumps([[e.ts, e.seq, e.num, e.jv, e.raw or None, e.topic or None] for e in rows], separators=(",", ":"))
+
+
+def _load_rows(text: str | None) -> list[Row]:
+    if not text:
+        return []
+    return [Row(ts=t[0], seq=t[1], num=t[2], jv=t[3], raw=t[4] or "", topic=t[5] or "") for t in json.loads(text)]
 
 
 def _out(kind: str, rule: AnyRule, row: Row, emit: Emit | None = None, reason: str | None = None) -> SparkRow:
@@ -126,71 +172,98 @@ def _out(kind: str, rule: AnyRule, row: Row, emit: Emit | None = None, reason: s
 
 
 class DetectionProcessor(StatefulProcessor):
-    """One instance per task; `handleInputRows` runs per (rule_id, key) of a batch."""
+    """One instance per task; `handleInputRows` runs per (rule_id, bucket) of a batch."""
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
-        self.entries = handle.getListState("entries", ENTRY_SCHEMA)
-        self.pending = handle.getListState("pending", ENTRY_SCHEMA)
-        self.meta = handle.getValueState("meta", META_SCHEMA)
+        self.keys = handle.getMapState("keys", KEY_SCHEMA, KEY_STATE_SCHEMA)
+        self.bucket = handle.getValueState("bucket", BUCKET_SCHEMA)
 
-    # -- state helpers -----------------------------------------------------------------
-    def _load_meta(self) -> dict:
-        if self.meta.exists():
-            v = self.meta.get()
-            return {"version": v[0], "signature": v[1], "prev_above": v[2], "max_ts": v[3], "timer": v[4]}
-        return {"version": None, "signature": None, "prev_above": None, "max_ts": None, "timer": None}
+    # -- the bucket timer ----------------------------------------------------------------
+    def _timer(self) -> int | None:
+        v = self.bucket.get()  # None when absent: no exists() round trip
+        return v[0] if v is not None else None
 
-    def _list(self, state: Any) -> list[Row]:
-        return [_from_entry(t) for t in state.get()] if state.exists() else []
-
-    def _store(self, state: Any, rows: list[Row]) -> None:
-        if rows:
-            state.put([_entry(e) for e in rows])
+    def _set_timer(self, current: int | None, at_ms: int | None) -> None:
+        """Register `at_ms` as the bucket's one timer (None: no timer), replacing `current`."""
+        if at_ms == current:
+            return
+        if current is not None:
+            self.handle.deleteTimer(current)
+        if at_ms is None:
+            self.bucket.clear()
         else:
-            state.clear()
-
-    def _schedule(self, meta: dict, at_ms: int) -> None:
-        if meta["timer"] != at_ms:
-            if meta["timer"] is not None:
-                self.handle.deleteTimer(meta["timer"])
             self.handle.registerTimer(at_ms)
-            meta["timer"] = at_ms
+            self.bucket.update((at_ms,))
 
-    # -- the API -----------------------------------------------------------------------
+    # -- the API -------------------------------------------------------------------------
     def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[SparkRow]:
-        rows = list(rows)
-        # One consistent rule set per micro-batch: every row of a key has the same rule.
-        rule = _rule(rows[0]["rule_json"])
+        it = iter(rows)
+        first = next(it)
+        fields = list(first.__fields__)
+        ik = fields.index("k")
+        pos = [fields.index(n) for n in _IN]
+        # One consistent rule set per micro-batch: every row of a group has the same rule.
+        rule, sig = _rule(first[fields.index("rule_json")])
+        by_key: dict[str, list[tuple]] = {}
+        for r in itertools.chain((first,), it):
+            by_key.setdefault(r[ik], []).append(tuple([r[i] for i in pos]))
         watermark = timerValues.getCurrentWatermarkInMs()
-        meta = self._load_meta()
-        sig = _signature(rule)
-        reset = meta["signature"] is not None and meta["signature"] != sig
-        if reset:
-            self.entries.clear()
-            self.pending.clear()
-            meta["prev_above"] = None
+        earliest: int | None = None
+        for k, key_rows in by_key.items():
+            out, expiry = self._key(rule, sig, k, key_rows, watermark)
+            yield from out
+            if expiry is not None and (earliest is None or expiry < earliest):
+                earliest = expiry
+        if earliest is not None:
+            # Keys not in this batch keep expiries at or after the registered timer;
+            # it only has to move when a key of this batch needs an earlier one.
+            current = self._timer()
+            if current is None or earliest < current:
+                self._set_timer(current, earliest)
 
-        late: list[Any] = []
-        fresh: list[Any] = []
+    def _key(self, rule: AnyRule, sig: str, k: str, rows: list[tuple], watermark: int) -> tuple[list[SparkRow], int | None]:
+        out: list[SparkRow] = []
+        fresh: list[tuple] = []
         for r in rows:
+            if r[TS] is None:
+                # An event-time rule and no usable timestamp: the row never touches state.
+                out.append(_out("dead", rule, _to_row(r),
+                                reason=f"missing or unparseable timestamp needed by {rule.rule_type} rule"))
             # Routed primaries were judged for lateness when they entered the velocity
             # rule; re-injected a batch later, they must not be late a second time.
-            is_late = r["event_time"] and r["role"] != "routed" and watermark > 0 and r["ts_ms"] < watermark
-            (late if is_late else fresh).append(r)
-        for r in late:
-            yield _out("dead", rule, _to_row(r), reason=f"late event: older than the job watermark ({watermark} ms)")
-        fresh.sort(key=lambda r: (r["ts_ms"], r["seq"]))
+            elif r[EVENT_TIME] and r[ROLE] != "routed" and watermark > 0 and r[TS] < watermark:
+                out.append(_out("dead", rule, _to_row(r),
+                                reason=f"late event: older than the job watermark ({watermark} ms)"))
+            else:
+                fresh.append(r)
+        if all(r[TS] is None for r in rows):
+            return out, None
+        fresh.sort(key=lambda r: (r[TS], r[SEQ]))
+
+        v = self.keys.getValue((k,))
+        if v is None:
+            meta = {"version": None, "signature": None, "prev_above": None, "max_ts": None, "expiry": None}
+            entries_text = pending_text = None
+        else:
+            meta = {"version": v[0], "signature": v[1], "prev_above": v[2], "max_ts": v[3], "expiry": v[4]}
+            entries_text, pending_text = v[5], v[6]
+        if meta["signature"] is not None and meta["signature"] != sig:
+            entries_text = pending_text = None
+            meta["prev_above"] = None
 
         if isinstance(rule, VelocityRule):
-            yield from self._velocity(rule, fresh, meta, watermark)
+            entries_text = self._velocity(rule, fresh, meta, watermark, entries_text, out)
         elif isinstance(rule, CorrelationRule):
-            yield from self._correlation(rule, fresh, meta, watermark)
+            entries_text, pending_text = self._correlation(rule, fresh, meta, watermark, entries_text, pending_text, out)
         meta["version"], meta["signature"] = rule.version, sig
-        self.meta.update((meta["version"], meta["signature"], meta["prev_above"], meta["max_ts"], meta["timer"]))
+        self.keys.updateValue((k,), (meta["version"], meta["signature"], meta["prev_above"], meta["max_ts"],
+                                     meta["expiry"], entries_text, pending_text))
+        return out, meta["expiry"]
 
-    def _velocity(self, rule: VelocityRule, rows: list[Any], meta: dict, watermark: int) -> Iterator[SparkRow]:
-        state = VelocityState(self._list(self.entries), meta["prev_above"])
+    def _velocity(self, rule: VelocityRule, rows: list[Any], meta: dict, watermark: int, entries: str | None,
+                  out: list[SparkRow]) -> str | None:
+        state = VelocityState(_load_window(entries), meta["prev_above"])
         new = [_to_row(r) for r in rows]
         emits = velocity_step(rule, state, new)
         if new:
@@ -200,18 +273,17 @@ class DetectionProcessor(StatefulProcessor):
             horizon = min(horizon, watermark)
         evict_window(state, rule, horizon)
         meta["prev_above"] = state.prev_above
-        # Only what aggregation needs is kept in the window: no event text.
-        self._store(self.entries, [Row(e.ts, e.seq, e.num, e.jv) for e in state.window])
         if rule.uses_event_time and meta["max_ts"] is not None:
-            self._schedule(meta, meta["max_ts"] + rule.window_ms + int(rule.watermark_delay * 1000))
+            meta["expiry"] = meta["max_ts"] + rule.window_ms + int(rule.watermark_delay * 1000)
         kind = "detection" if rule.emit_to_sink else "routed"
-        for e in emits:
-            yield _out(kind, rule, e.row, e)
+        out.extend(_out(kind, rule, e.row, e) for e in emits)
+        return _dump_window(state.window)
 
-    def _correlation(self, rule: CorrelationRule, rows: list[Any], meta: dict, watermark: int) -> Iterator[SparkRow]:
-        state = CorrelationState(self._list(self.entries), self._list(self.pending))
-        primaries = [_to_row(r) for r in rows if r["role"] != "context"]
-        contexts = [_to_row(r) for r in rows if r["role"] == "context"]
+    def _correlation(self, rule: CorrelationRule, rows: list[Any], meta: dict, watermark: int, entries: str | None,
+                     pending: str | None, out: list[SparkRow]) -> tuple[str | None, str | None]:
+        state = CorrelationState(_load_rows(entries), _load_rows(pending))
+        primaries = [_to_row(r) for r in rows if r[ROLE] != "context"]
+        contexts = [_to_row(r) for r in rows if r[ROLE] == "context"]
         op, value = rule.condition.operator, rule.condition.value
         emits = correlation_step(rule, state, primaries, contexts, watermark, lambda jv: compare_json(jv, op, value))
         ts_all = [r.ts for r in primaries + contexts]
@@ -219,19 +291,34 @@ class DetectionProcessor(StatefulProcessor):
             meta["max_ts"] = max([meta["max_ts"] or ts_all[0], *ts_all])
         if watermark > 0:
             evict_context(state, rule, watermark)
-        self._store(self.entries, state.context)
-        self._store(self.pending, state.pending)
         if meta["max_ts"] is not None:
-            self._schedule(meta, meta["max_ts"] + rule.lookback_ms + int(rule.watermark_delay * 1000))
-        for e in emits:
-            yield _out("detection", rule, e.row, e)
+            meta["expiry"] = meta["max_ts"] + rule.lookback_ms + int(rule.watermark_delay * 1000)
+        out.extend(_out("detection", rule, e.row, e) for e in emits)
+        return _dump_rows(state.context), _dump_rows(state.pending)
 
     def handleExpiredTimer(self, key: Any, timerValues: Any, expiredTimerInfo: Any) -> Iterator[SparkRow]:
-        """Nothing of this key can matter any more: its newest event is a full window
-        (plus the allowed lateness) behind the watermark."""
-        self.entries.clear()
-        self.pending.clear()
-        self.meta.clear()
+        """Forget the keys whose newest event is a full window (plus the allowed lateness)
+        behind the watermark: the keys whose own timer would have fired (expiry <=
+        watermark, Spark's rule for event-time timers). Then re-arm for the next."""
+        watermark = timerValues.getCurrentWatermarkInMs()
+        expired: list[str] = []
+        earliest: int | None = None
+        for (k,), v in self.keys.iterator():
+            expiry = v[4]
+            if expiry is None:
+                continue
+            if expiry <= watermark:
+                expired.append(k)
+            elif earliest is None or expiry < earliest:
+                earliest = expiry
+        for k in expired:
+            self.keys.removeKey((k,))
+        # Spark deletes the fired timer after this returns; `earliest` > watermark >= it.
+        if earliest is None:
+            self.bucket.clear()
+        else:
+            self.handle.registerTimer(earliest)
+            self.bucket.update((earliest,))
         return iter(())
 
     def close(self) -> None:
