@@ -183,8 +183,9 @@ def extract_fields(
     names = {p: (f"__f{i}_x", f"__f{i}_json", f"__f{i}_num", f"__f{i}_str") for i, p in enumerate(paths)}
     x = {p: F.col(n[0]) for p, n in names.items()}
     steps: list[list[Column]] = [
-        [field(v, p).alias(names[p][0]) for p in paths],
-        [json_text(x[p]).alias(names[p][1]) for p in paths],
+        # The raw lookup (JSON null still a VARIANT null): `field` would look it up twice.
+        [_variant_get(v, F.lit(json_path(p))).alias(names[p][0]) for p in paths],
+        [F.when(~F.is_variant_null(x[p]), json_text(x[p])).alias(names[p][1]) for p in paths],
         [as_string(x[p], F.col(names[p][1])).alias(names[p][3]) for p in paths],
         [as_number(x[p], F.col(names[p][1]), F.col(names[p][3])).alias(names[p][2]) for p in paths],
     ]
