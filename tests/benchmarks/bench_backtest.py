@@ -88,6 +88,7 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=1_000_000)
     ap.add_argument("--keep", type=Path)
     ap.add_argument("--only", action="append", help="time only these rule ids (repeatable), e.g. th_01")
+    ap.add_argument("--conf", action="append", default=[], help="extra Spark setting KEY=VALUE (repeatable)")
     args = ap.parse_args()
     from spark_jobs.backtest.inputs import InputSpec
     from spark_jobs.backtest.runner import BacktestConfig, run_backtest
@@ -101,7 +102,8 @@ def main() -> None:
         t = time.time()
         make_events(ev, ctx, args.events)
         print(f"generated {args.events} events in {time.time() - t:.1f}s ({ev.stat().st_size / 1e6:.0f} MB)")
-    spark = session("bench-backtest", master="local[2]", shuffle_partitions=4)
+    extra = dict(c.split("=", 1) for c in args.conf)
+    spark = session("bench-backtest", master="local[2]", shuffle_partitions=4, extra=extra)
     spark.range(10).count()  # JVM warm-up outside the timed region
     cfg = BacktestConfig(work / "rules", [InputSpec("events.raw", str(ev)), InputSpec("context.raw", str(ctx))], work / "out", only=args.only)
     t = time.time()
