@@ -124,7 +124,7 @@ def condition_column(v: Column, cond: Condition, values: dict[str, FieldValue] |
 def all_conditions(v: Column, conditions: Iterable[Condition], values: dict[str, FieldValue] | None = None) -> Column:
     """AND of the conditions; an empty list is always true (an unfiltered velocity rule).
 
-    `values` holds paths already extracted by `with_field_values`."""
+    `values` holds paths already extracted (values.extract_fields)."""
     cols = [condition_column(v, c, values) for c in conditions]
     return reduce(lambda a, b: a & b, cols, F.lit(True))
 

@@ -28,34 +28,43 @@ def processed_now() -> Column:
     return F.date_format(F.current_timestamp(), "yyyy-MM-dd'T'HH:mm:ss.SSS'Z'")
 
 
-def render(emits: DataFrame, processed: Column | None = None) -> DataFrame:
-    """EMIT_COLUMNS (plus `head`, see emits.rule_head, when the producer has it) ->
-    DETECTION_COLUMNS, `value` being the detection JSON text."""
-    did = detection_id(F.col("rule_id"), F.col("rule_version"), F.col("topic"), F.col("raw"))
+def head_of(emits: DataFrame) -> Column:
+    """The rule members of `emits`: its `head` column when the producer rendered it
+    (rules known at planning time, see emits.literal_head), else built per row."""
+    if "head" in emits.columns:
+        return F.col("head")
+    return rule_head(F.col("rule_id"), F.col("rule_version"), F.col("rule_type"), F.col("rule_name"))
+
+
+def detection_value(raw: Column, head: Column, extra: Column, did: Column, processed: Column | None = None) -> Column:
+    """The detection JSON text: the event text `raw` with the rule's members appended.
+
+    A Column, not a DataFrame step, so a caller may render detections inside a wider
+    projection (the live job picks per row between a detection, a routed event and a
+    dead letter in one projection)."""
     processed = processed if processed is not None else processed_now()
-    head = (
-        F.col("head") if "head" in emits.columns
-        else rule_head(F.col("rule_id"), F.col("rule_version"), F.col("rule_type"), F.col("rule_name"))
-    )
     members = F.concat_ws(
         ",",
         head,
         json_member("processed", json_string(processed)),
-        F.concat(F.lit('"detection_id":"'), F.col("_did"), F.lit('"')),
-        F.when(F.col("extra") != F.lit(""), F.col("extra")),
+        F.concat(F.lit('"detection_id":"'), did, F.lit('"')),
+        F.when(extra != F.lit(""), extra),
     )
     # An event is a JSON object: its text ends with `}` and JSON whitespace. The
     # members go in before that brace; a comma first unless the object is empty.
-    text = F.rtrim(F.col("raw"), F.lit(_JSON_SPACE))
+    text = F.rtrim(raw, F.lit(_JSON_SPACE))
     body = F.substring(text, F.lit(1), F.length(text) - F.lit(1))
     empty_object = F.rtrim(body, F.lit(_JSON_SPACE)) == F.lit("{")
-    value = F.concat(body, F.when(empty_object, F.lit("")).otherwise(F.lit(",")), F.col("_members"), F.lit("}"))
-    return (
-        emits.withColumn("_did", did)
-        .withColumn("_members", members)
-        .select(
-            F.col("_did").alias("detection_id"),
-            "rule_id", "rule_version", "rule_type", "topic", "seq", "ts_ms",
-            value.alias("value"),
-        )
+    return F.concat(body, F.when(empty_object, F.lit("")).otherwise(F.lit(",")), members, F.lit("}"))
+
+
+def render(emits: DataFrame, processed: Column | None = None) -> DataFrame:
+    """EMIT_COLUMNS (plus `head`, see head_of) -> DETECTION_COLUMNS, `value` being the
+    detection JSON text."""
+    did = detection_id(F.col("rule_id"), F.col("rule_version"), F.col("topic"), F.col("raw"))
+    value = detection_value(F.col("raw"), head_of(emits), F.col("extra"), F.col("_did"), processed)
+    return emits.withColumn("_did", did).select(
+        F.col("_did").alias("detection_id"),
+        "rule_id", "rule_version", "rule_type", "topic", "seq", "ts_ms",
+        value.alias("value"),
     )

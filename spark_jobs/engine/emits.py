@@ -47,10 +47,8 @@ def extra(*members: Column) -> Column:
 
 
 def rule_head(rule_id: Column, version: Column, rule_type: Column, name: Column) -> Column:
-    """The members of a detection that name its rule (`"rule_id":...,"rule_name":...`).
-
-    Over literals (a rule from a file) Spark folds this to a constant at planning time,
-    so a rule's head is rendered once per run, not once per detection."""
+    """The members of a detection that name its rule (`"rule_id":...,"rule_name":...`),
+    per row, for rules that are data (the live job); see `literal_head`."""
     return F.concat_ws(
         ",",
         json_member("rule_id", json_string(rule_id)),

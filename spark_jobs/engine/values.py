@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from spark_jobs.rules.model import AnyRule
+
 # A numeric string: what "numeric strings coerce to numbers" means, precisely. Kept
 # strict (no "1_000", "1d", "NaN", "inf") so every implementation agrees on it.
 NUMERIC_RE = r"^\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*$"
@@ -92,24 +94,6 @@ def timestamp_of(num: Column, text: Column) -> Column:
     return F.when(num.isNotNull(), epoch_to_ms(num)).otherwise(F.floor(F.unix_micros(iso) / F.lit(1000)).cast("long"))
 
 
-def field_timestamp_ms(v: Column, path: str) -> Column:
-    return timestamp_ms(field(v, path))
-
-
-def field_number(v: Column, path: str) -> Column:
-    return as_number(field(v, path))
-
-
-def field_key(v: Column, path: str | None) -> Column:
-    """Grouping/correlation key: the JSON text of the value (so 1 and "1" differ).
-
-    No path means one global key per rule; the empty string stands for it.
-    """
-    if path is None:
-        return F.lit("")
-    return json_text(field(v, path))
-
-
 @dataclass(frozen=True)
 class FieldValue:
     """The forms of one event value a comparison needs: JSON text (NULL when missing),
@@ -147,14 +131,15 @@ class Fields:
         return self.values[path]
 
     def key(self, path: str | None) -> Column:
-        """Grouping/correlation key (see `field_key`)."""
+        """Grouping/correlation key: the JSON text of the value (so 1 and "1" differ).
+        No path means one global key per rule; the empty string stands for it."""
         return F.lit("") if path is None else self.values[path].json
 
     def time(self, path: str) -> Column:
         return self.times[path]
 
 
-def rule_paths(rules: Iterable[object]) -> tuple[set[str], set[str]]:
+def rule_paths(rules: Iterable[AnyRule]) -> tuple[set[str], set[str]]:
     """(value paths, timestamp paths) that `rules` read."""
     values: set[str] = set()
     times: set[str] = set()
@@ -170,7 +155,7 @@ def rule_paths(rules: Iterable[object]) -> tuple[set[str], set[str]]:
 
 
 def extract_fields(
-    df: DataFrame, rules: Iterable[object], time_paths: Iterable[str] = (), v: Column | None = None
+    df: DataFrame, rules: Iterable[AnyRule], time_paths: Iterable[str] = (), v: Column | None = None
 ) -> tuple[DataFrame, Fields]:
     """`df` plus one column per form of each field `rules` read (see Fields)."""
     v = F.col("v") if v is None else v
@@ -190,7 +175,7 @@ def extract_fields(
         [as_number(x[p], F.col(names[p][1]), F.col(names[p][3])).alias(names[p][2]) for p in paths],
     ]
     out = df
-    for step in steps if paths else []:
+    for step in steps:
         out = out.select("*", *step)
     values = {p: FieldValue(F.col(names[p][1]), F.col(names[p][2]), F.col(names[p][3])) for p in paths}
     time_cols = {p: F.col(f"__t{i}") for i, p in enumerate(sorted(times))}

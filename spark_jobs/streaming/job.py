@@ -36,10 +36,9 @@ from pyspark.sql import functions as F
 
 from spark_jobs.engine.conditions import compare_spec
 from spark_jobs.engine.correlation import correlation_members
-from spark_jobs.engine.detections import render
-from spark_jobs.engine.emits import EMIT_COLUMNS
+from spark_jobs.engine.detections import detection_id, detection_value, head_of
 from spark_jobs.engine.events import classify
-from spark_jobs.engine.values import FieldValue, field, field_value, timestamp_ms
+from spark_jobs.engine.values import FieldValue, field, field_value, timestamp_of
 from spark_jobs.engine.velocity import velocity_members
 from spark_jobs.kafka import admin
 from spark_jobs.kafka.datasource import read_stream, register, write_stream
@@ -242,14 +241,11 @@ def _fan_out(events: DataFrame, rules: DataFrame, known_paths: list[str] | None 
         "topic", "seq", "raw", "proc_ms", "_reason",
         F.when(F.col("r_key_path").isNull(), F.lit("")).otherwise(F.col("_fk")["json"]).alias("k"),
         F.when(F.col("r_ts_path").isNull(), F.col("proc_ms"))
-        .otherwise(timestamp_ms(F.col("_ft")["x"]))
+        .otherwise(timestamp_of(F.col("_ft")["num"], F.col("_ft")["str"]))
         .alias("ts_ms"),
         F.col("_fv")["num"].alias("num"),
         F.col("_fv")["json"].alias("jv"),
     )
-
-
-_PASS = "\u0000"  # marks a row that is not a detection while it rides through render()
 
 
 def _records(rows: DataFrame, kind: Column, members: Column, cfg: DetectConfig) -> DataFrame:
@@ -259,34 +255,23 @@ def _records(rows: DataFrame, kind: Column, members: Column, cfg: DetectConfig) 
     One projection, because a DataFrame under a union is computed once per branch: the
     stateful operator's output split by kind would be three copies of the operator
     (each with its own state, every key processed three times), the input split into
-    detections and dead letters two scans of the topics. Detections are rendered;
-    routed velocity emits and dead letters ride through render() with their final key
-    and value in the columns it passes through unchanged (rule_id, rule_version) and
-    their kind in rule_type, and are picked out after it.
+    detections and dead letters two scans of the topics.
     """
     det = kind == F.lit("detection")
     routed = kind == F.lit("routed")
+    did = detection_id(F.col("rule_id"), F.col("rule_version"), F.col("topic"), F.col("raw"))
+    detection = detection_value(F.col("raw"), head_of(rows), members, did)
     routed_key = F.to_json(F.struct(F.col("rule_id").alias("from"), "topic", "seq"))
     dead_value = F.to_json(
         F.struct(F.col("reason").alias("reason"), F.col("rule_id").alias("rule_id"), F.col("topic"), F.col("seq"),
                  F.col("raw")),
         {"ignoreNullFields": "false"},
     )
-    emits = rows.select(
-        F.when(det, F.col("rule_id")).when(routed, F.col("raw")).otherwise(dead_value).alias("rule_id"),
-        F.when(det, F.col("rule_version")).when(routed, routed_key).alias("rule_version"),
-        F.when(det, F.col("rule_type")).otherwise(F.concat(F.lit(_PASS), kind)).alias("rule_type"),
-        "rule_name", "topic", "seq", "ts_ms", "raw",
-        F.when(det, members).otherwise(F.lit("")).alias("extra"),
-    )
-    d = render(emits.select(*EMIT_COLUMNS))
-    passed = F.col("rule_type").startswith(_PASS)
-    return d.select(
-        F.when(~passed, F.lit(cfg.sink_topic))
-        .when(F.col("rule_type") == F.lit(_PASS + "routed"), F.lit(ROUTED_TOPIC))
+    return rows.select(
+        F.when(det, F.lit(cfg.sink_topic)).when(routed, F.lit(ROUTED_TOPIC))
         .otherwise(F.lit(cfg.dead_letter_topic)).alias("topic"),
-        F.when(passed, F.col("rule_version")).otherwise(F.col("rule_id")).alias("key"),
-        F.when(passed, F.col("rule_id")).otherwise(F.col("value")).alias("value"),
+        F.when(det, F.col("rule_id")).when(routed, routed_key).alias("key"),
+        F.when(det, detection).when(routed, F.col("raw")).otherwise(dead_value).alias("value"),
     )
 
 

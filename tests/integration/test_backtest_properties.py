@@ -13,7 +13,7 @@ from reference_engine import RefEvent, evaluate, parse_timestamp_ms
 
 from spark_jobs.engine.events import RAW_COLUMNS, parse_events
 from spark_jobs.engine.pipeline import evaluate as spark_evaluate
-from spark_jobs.engine.values import field_timestamp_ms
+from spark_jobs.engine.values import field, timestamp_ms
 from spark_jobs.rules.model import parse_rule
 
 pytestmark = pytest.mark.spark
@@ -93,7 +93,7 @@ def run_both(spark, rule_dicts: list[dict], evs: list[dict]):
     }
     raw_df = spark.createDataFrame([("e", i, raw, None) for i, raw in enumerate(raws)], "topic string, seq long, raw string, proc_ms long").select(*RAW_COLUMNS)
     parsed, _ = parse_events(raw_df)
-    parsed = parsed.withColumn("proc_ms", F.coalesce("proc_ms", field_timestamp_ms(F.col("v"), "ts")))
+    parsed = parsed.withColumn("proc_ms", F.coalesce("proc_ms", timestamp_ms(field(F.col("v"), "ts"))))
     result = spark_evaluate(parsed, rules)
     got = set()
     for row in result.detections.collect():
