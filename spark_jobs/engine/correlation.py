@@ -71,7 +71,8 @@ def _resolve(union: DataFrame, rule: CorrelationRule) -> DataFrame:
     so the latest context is a running `last` (incremental) checked against the
     lookback, and the mean's sum and count are differences of two prefix frames
     (incremental, DECIMAL so the difference is exact). Only the population std keeps
-    a sliding frame: a difference of sums of squares would not be exact.
+    a sliding frame (a difference of sums of squares would not be exact), over far
+    fewer rows than the primaries (`_std`).
     """
     lb = rule.lookback_ms
     is_ctx = F.col("is_ctx")
@@ -100,11 +101,15 @@ def _resolve(union: DataFrame, rule: CorrelationRule) -> DataFrame:
     def in_frame(agg: Column) -> Column:
         return F.coalesce(agg.over(upto_t), F.lit(0)) - F.coalesce(agg.over(before_lb), F.lit(0))
 
-    n = in_frame(F.count(cval))
-    mean = F.when(n > 0, (in_frame(F.sum(exact)) / n).cast("double"))
-    out = union.select("*", n.alias("ctx_count"), mean.alias("ctx_num"))
+    # The context in a primary's frame is a run of the key's context records in time
+    # order: those after the first `_lo` up to the first `_hi`.
+    hi = F.coalesce(F.count(cval).over(upto_t), F.lit(0))
+    lo = F.coalesce(F.count(cval).over(before_lb), F.lit(0))
+    out = union.select("*", hi.alias("_hi"), lo.alias("_lo"), in_frame(F.sum(exact)).alias("_sum"))
+    n = F.col("_hi") - F.col("_lo")
+    out = out.select("*", n.alias("ctx_count"), F.when(n > 0, (F.col("_sum") / n).cast("double")).alias("ctx_num"))
     if rule.context_resolution == "mean_std":
-        out = out.withColumn("ctx_std", F.stddev_pop(cval).over(by_time.rangeBetween(-lb, 0)))
+        out = out.join(_std(out, lb), ["k", "_lo", "_hi"], "left")
     else:
         out = out.withColumn("ctx_std", F.lit(None).cast("double"))
     record = F.to_json(F.struct(F.col("ctx_num").alias("mean"), F.col("ctx_std").alias("std"), F.col("ctx_count").alias("count")))
@@ -114,6 +119,25 @@ def _resolve(union: DataFrame, rule: CorrelationRule) -> DataFrame:
         record.alias("ctx_record"),
         ((F.col("ctx_count") >= F.lit(rule.min_context_points)) & (F.col("ctx_count") > 0)).alias("has_ctx"),
     )
+
+
+def _std(rows: DataFrame, lookback_ms: int) -> DataFrame:
+    """Population std of each distinct context run (k, _lo, _hi) that primaries see.
+
+    A sliding frame is re-aggregated from scratch at every row, and most rows are
+    primaries (thousands between two context records), so it runs over the context
+    records plus one row per distinct run, at the time of the run's first primary,
+    whose frame [t - lookback, t] holds exactly that run. Same values, same
+    aggregate as a frame at every primary; a fraction of the rows.
+    """
+    is_ctx = F.col("is_ctx")
+    runs = rows.filter(~is_ctx).groupBy("k", "_lo", "_hi").agg(F.min("ts_ms").alias("ts_ms"))
+    ctx = rows.filter(is_ctx).select("k", "ts_ms", "cnum", F.lit(None).cast("long").alias("_lo"),
+                                     F.lit(None).cast("long").alias("_hi"))
+    both = runs.select("k", "ts_ms", F.lit(None).cast("double").alias("cnum"), "_lo", "_hi").unionByName(ctx)
+    frame = Window.partitionBy("k").orderBy("ts_ms").rangeBetween(-lookback_ms, 0)
+    std = F.stddev_pop("cnum").over(frame)
+    return both.select("k", "_lo", "_hi", std.alias("ctx_std")).filter(F.col("_hi").isNotNull())
 
 
 def _metric(rule: CorrelationRule) -> Column:

@@ -97,15 +97,19 @@ def timestamp_of(num: Column, text: Column) -> Column:
 @dataclass(frozen=True)
 class FieldValue:
     """The forms of one event value a comparison needs: JSON text (NULL when missing),
-    number (numbers and numeric strings) and string (JSON strings only)."""
+    number (numbers and numeric strings) and string (JSON strings only).
 
-    json: Column
-    num: Column
-    str: Column
+    Extracted fields (`extract_fields`) carry only the forms their rules read; the
+    others are None, and `presence` says whether the value is there at all."""
+
+    json: Column | None
+    num: Column | None
+    str: Column | None
+    presence: Column | None = None
 
     @property
     def present(self) -> Column:
-        return self.json.isNotNull()
+        return self.presence if self.presence is not None else self.json.isNotNull()
 
 
 def field_value(x: Column) -> FieldValue:
@@ -141,45 +145,108 @@ class Fields:
 
 def rule_paths(rules: Iterable[AnyRule]) -> tuple[set[str], set[str]]:
     """(value paths, timestamp paths) that `rules` read."""
-    values: set[str] = set()
+    needs, times = field_needs(rules)
+    return set(needs), times
+
+
+def field_needs(rules: Iterable[AnyRule]) -> tuple[dict[str, set[str]], set[str]]:
+    """Which forms (`json`, `num`, `str`) of each value path `rules` read, and the
+    timestamp paths. Each form costs a conversion per event, and most paths need one:
+    a grouping key its JSON text, an amount its number, `type == "click"` its string."""
+    from spark_jobs.engine.conditions import value_spec  # conditions imports this module
+
+    needs: dict[str, set[str]] = {}
     times: set[str] = set()
+
+    def need(path: str | None, *forms: str) -> None:
+        if path:
+            needs.setdefault(path, set()).update(forms)
+
+    def condition(path: str, value: object) -> None:
+        kind = value_spec(value)["kind"]
+        need(path, {"num": "num", "bool": "json", "str": "str"}[kind])
+
     for r in rules:
-        values |= {c.field for c in getattr(r, "conditions", None) or []}
-        for name in ("aggregation_field", "group_by", "correlation_key", "context_value_field",
-                     "context_type_field", "event_value_field"):
-            if getattr(r, name, None):
-                values.add(getattr(r, name))
+        for c in getattr(r, "conditions", None) or []:
+            condition(c.field, c.value)
+        need(getattr(r, "group_by", None), "json")
+        need(getattr(r, "correlation_key", None), "json")
+        need(getattr(r, "event_value_field", None), "num")
+        need(getattr(r, "context_value_field", None), "num", "json")
+        if getattr(r, "context_type_field", None):
+            condition(r.context_type_field, r.context_type_value)
+        agg_field = getattr(r, "aggregation_field", None)
+        if agg_field:
+            agg = r.aggregation_type
+            need(agg_field, *({"count": (), "distinct_count": ("json",)}.get(agg, ("num",))))
         if getattr(r, "timestamp_field", None):
             times.add(r.timestamp_field)
-    return values, times
+    return needs, times
+
+
+def _kind_of(x: Column) -> Column:
+    """The type of a VARIANT value (STRING, BIGINT, DECIMAL(5,2), BOOLEAN, ...): a
+    cheaper test of "is it a string / a number" than rendering the value as JSON."""
+    return F.schema_of_variant(x)
 
 
 def extract_fields(
     df: DataFrame, rules: Iterable[AnyRule], time_paths: Iterable[str] = (), v: Column | None = None
 ) -> tuple[DataFrame, Fields]:
-    """`df` plus one column per form of each field `rules` read (see Fields)."""
+    """`df` plus one column per form of each field `rules` read (see Fields, field_needs)."""
     v = F.col("v") if v is None else v
-    value_paths, times = rule_paths(rules)
+    needs, times = field_needs(rules)
     times |= set(time_paths)
-    paths = sorted(value_paths | times)
+    for p in times:
+        needs.setdefault(p, set()).update(("num", "str"))
+    paths = sorted(needs)
     # One projection per step, each reading the previous step's columns: written as one
-    # expression, every form would look the path up and serialize it again (Spark does
+    # expression, every form would look the path up and convert it again (Spark does
     # not share subexpressions inside CASE branches), several times per field and row.
-    names = {p: (f"__f{i}_x", f"__f{i}_json", f"__f{i}_num", f"__f{i}_str") for i, p in enumerate(paths)}
-    x = {p: F.col(n[0]) for p, n in names.items()}
-    steps: list[list[Column]] = [
-        # The raw lookup (JSON null still a VARIANT null): `field` would look it up twice.
-        [_variant_get(v, F.lit(json_path(p))).alias(names[p][0]) for p in paths],
-        [F.when(~F.is_variant_null(x[p]), json_text(x[p])).alias(names[p][1]) for p in paths],
-        [as_string(x[p], F.col(names[p][1])).alias(names[p][3]) for p in paths],
-        [as_number(x[p], F.col(names[p][1]), F.col(names[p][3])).alias(names[p][2]) for p in paths],
-    ]
+    col = {p: {f: f"__f{i}_{f}" for f in ("x", "kind", "present", "json", "num", "str")} for i, p in enumerate(paths)}
+    x = {p: F.col(col[p]["x"]) for p in paths}
+    step1 = [_variant_get(v, F.lit(json_path(p))).alias(col[p]["x"]) for p in paths]
+    step2: list[Column] = []
+    for p in paths:
+        present = x[p].isNotNull() & ~F.is_variant_null(x[p])
+        step2.append(present.alias(col[p]["present"]))
+        if "json" in needs[p]:
+            step2.append(F.when(present, json_text(x[p])).alias(col[p]["json"]))
+        elif needs[p] & {"num", "str"}:
+            step2.append(F.when(present, _kind_of(x[p])).alias(col[p]["kind"]))
+    step3: list[Column] = []
+    for p in paths:
+        if not needs[p] & {"num", "str"}:
+            continue
+        if "json" in needs[p]:
+            is_string = _kind(F.col(col[p]["json"])) == F.lit('"')
+            is_number = _kind(F.col(col[p]["json"])).between(F.lit("0"), F.lit("9")) | (
+                _kind(F.col(col[p]["json"])) == F.lit("-"))
+        else:
+            kind = F.col(col[p]["kind"])
+            is_string = kind == F.lit("STRING")
+            is_number = kind.isin("BIGINT", "INT", "SMALLINT", "TINYINT", "DOUBLE", "FLOAT") | kind.startswith("DECIMAL")
+        step3.append(F.when(is_string, F.try_variant_get(x[p], "$", "string")).alias(col[p]["str"]))
+        step3.append(F.when(is_number, F.try_variant_get(x[p], "$", "double")).alias(f"{col[p]['num']}_n"))
+    step4: list[Column] = []
+    for p in paths:
+        if "num" in needs[p]:
+            s = F.col(col[p]["str"])
+            step4.append(F.coalesce(F.col(f"{col[p]['num']}_n"), F.when(s.rlike(NUMERIC_RE), F.trim(s).try_cast("double")))
+                         .alias(col[p]["num"]))
     out = df
-    for step in steps:
-        out = out.select("*", *step)
-    values = {p: FieldValue(F.col(names[p][1]), F.col(names[p][2]), F.col(names[p][3])) for p in paths}
+    for step in (step1, step2, step3, step4):
+        if step:
+            out = out.select("*", *step)
+
+    def form(p: str, f: str) -> Column | None:
+        return F.col(col[p][f]) if f in needs[p] else None
+
+    values = {p: FieldValue(form(p, "json"), form(p, "num"), form(p, "str"), F.col(col[p]["present"])) for p in paths}
+    keep = {col[p][f] for p in paths for f in ("present", *needs[p])}
     time_cols = {p: F.col(f"__t{i}") for i, p in enumerate(sorted(times))}
     if times:
-        out = out.select("*", *[timestamp_of(values[p].num, values[p].str).alias(f"__t{i}") for i, p in enumerate(sorted(times))])
-    out = out.drop(*[n[0] for n in names.values()])
+        out = out.select("*", *[timestamp_of(values[p].num, values[p].str).alias(f"__t{i}")
+                                for i, p in enumerate(sorted(times))])
+    out = out.drop(*[c for c in out.columns if c.startswith("__f") and c not in keep])
     return out, Fields(values, time_cols)

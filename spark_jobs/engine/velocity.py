@@ -31,7 +31,16 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from spark_jobs.engine.conditions import all_conditions
-from spark_jobs.engine.emits import extra, json_member, json_number, json_string, literal_head, rule_meta
+from spark_jobs.engine.emits import (
+    explode_matching,
+    extra,
+    json_member,
+    json_number,
+    json_string,
+    literal_head,
+    matching,
+    rule_meta,
+)
 from spark_jobs.engine.values import Fields
 from spark_jobs.rules.model import VelocityRule
 
@@ -54,7 +63,7 @@ def _value(rule: VelocityRule, fields: Fields) -> Column:
     enter the window). count needs no value, but a named aggregation_field must exist."""
     path = rule.aggregation_field
     if rule.aggregation_type == "count":
-        return fields.value(path).json if path else F.lit("")
+        return F.when(fields.value(path).present, F.lit("")) if path else F.lit("")
     if rule.aggregation_type == "distinct_count":
         return fields.value(path).json
     return fields.value(path).num
@@ -93,11 +102,11 @@ def _dead(events: DataFrame, rules: list[VelocityRule], fields: Fields) -> DataF
     first = rules[0]
     untimed = events.filter((F.col("topic") == first.source_topic) & _time(first, fields).isNull())
     entered, q = _entered(untimed, rules, fields, timed=False)
-    ids = F.array_compact(F.array(*[F.when(q[i], F.lit(r.rule_id)) for i, r in enumerate(rules)]))
+    ids = F.array(*[F.lit(r.rule_id) for r in rules])
     what = f"timestamp field {first.timestamp_field!r}" if first.uses_event_time else "processing time"
-    return entered.select("topic", "seq", "raw", F.explode(ids).alias("_rule_id")).select(
+    return explode_matching(entered, matching(q), ["topic", "seq", "raw"]).select(
         "topic", "seq", "raw", F.lit(f"missing or unparseable {what} needed by velocity rule").alias("reason"),
-        F.col("_rule_id").alias("rule_id"),
+        F.element_at(ids, F.col("_i") + 1).alias("rule_id"),
     )
 
 
@@ -167,13 +176,13 @@ def _fired(events: DataFrame, rules: list[VelocityRule], fields: Fields) -> Data
     # distribution (by k) and ordering (k, ts_ms[, seq]) is already met.
     ordered = entered.repartition("k").sortWithinPartitions("k", "ts_ms", "seq")
     with_aggs = ordered.select("*", *[_aggregate(i, r).alias(f"_a{i}") for i, r in enumerate(rules)])
-    fired = F.array_compact(F.array(*[
-        F.when(_fires(i, r), F.struct(F.lit(i).alias("i"), F.col(f"_a{i}").alias("agg"))) for i, r in enumerate(rules)
-    ]))
-    # Window functions may not sit under a generator: the array first, then explode.
-    fired_rows = with_aggs.select("topic", "seq", "raw", "proc_ms", "ts_ms", fired.alias("_fired"))
-    out = fired_rows.select("topic", "seq", "raw", "proc_ms", "ts_ms", F.explode("_fired").alias("_f"))
-    return out.select("topic", "seq", "raw", "proc_ms", "ts_ms", F.col("_f.i").alias("_i"), F.col("_f.agg").alias("agg"))
+    fired = matching([_fires(i, r) for i, r in enumerate(rules)])
+    aggs = F.array(*[F.col(f"_a{i}") for i in range(len(rules))])
+    # Window functions may not sit under a generator: the matches first, then explode.
+    keep = ["topic", "seq", "raw", "proc_ms", "ts_ms"]
+    fired_rows = with_aggs.select(*keep, fired.alias("_fired"), aggs.alias("_aggs"))
+    out = explode_matching(fired_rows, F.col("_fired"), [*keep, "_aggs"])
+    return out.select(*keep, "_i", F.element_at("_aggs", F.col("_i") + 1).alias("agg"))
 
 
 def velocity_rules(events: DataFrame, rules: list[VelocityRule], fields: Fields) -> VelocityOutput:

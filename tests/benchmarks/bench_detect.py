@@ -50,6 +50,27 @@ def consume_latencies(bootstrap: str, stop: threading.Event, out: list[float]) -
     c.close()
 
 
+def sample_batches(job: DetectJob, stop: threading.Event, out: dict[int, dict]) -> None:
+    """Each micro-batch's size and time breakdown, from the job's status file."""
+    while not stop.is_set():
+        try:
+            s = job.status()
+        except Exception:  # the file is replaced atomically; a read may still race a start
+            s = {}
+        if s.get("last_batch_id") is not None and s.get("batch_duration_ms"):
+            out[s["last_batch_id"]] = {"rows": s.get("num_input_rows") or 0, **s["batch_duration_ms"]}
+        stop.wait(0.2)
+
+
+def print_batches(batches: dict[int, dict]) -> None:
+    busy = [b for b in batches.values() if b["rows"] > 0]
+    if not busy:
+        return
+    med = {k: statistics.median(b.get(k, 0) for b in busy) for k in busy[0] if k != "rows"}
+    print(f"batches with input: {len(busy)} (of {len(batches)} seen); median rows {statistics.median(b['rows'] for b in busy):,.0f}")
+    print("median ms per batch: " + ", ".join(f"{k} {v:,.0f}" for k, v in sorted(med.items(), key=lambda kv: -kv[1])))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rate", type=int, default=20_000)
@@ -71,6 +92,9 @@ def main() -> None:
         stop = threading.Event()
         t = threading.Thread(target=consume_latencies, args=(broker.bootstrap, stop, lat), daemon=True)
         t.start()
+        batches: dict[int, dict] = {}
+        sampler = threading.Thread(target=sample_batches, args=(job, stop, batches), daemon=True)
+        sampler.start()
         p = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 20, "batch.num.messages": 10000})
         rnd = random.Random(1)
         types = ["purchase", "click", "view", "transfer"]
@@ -112,6 +136,7 @@ def main() -> None:
         p50 = statistics.median(lat)
         p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))]
         print(f"detections: {len(lat)}; latency produce->detection p50 {p50 / 1000:.2f}s p99 {p99 / 1000:.2f}s")
+    print_batches(batches)
 
 
 if __name__ == "__main__":
