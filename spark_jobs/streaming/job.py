@@ -7,7 +7,7 @@ Plan of one micro-batch:
     -> join (broadcast) with the rule snapshot: one row per (event, rule it may concern)
     -> the engine's condition / key / time / value expressions, with the rule as data
     -> threshold: detections at once
-    -> velocity, correlation: transformWithState keyed by (rule_id, bucket of the key);
+    -> velocity, correlation: transformWithStateInPandas keyed by (rule_id, bucket of the key);
        per-key state in a MapState of the bucket (processor.py)
     -> detections / dead letters / routed velocity emits, one Kafka write with a
        per-row topic (sink, dead-letter topic, internal `detect.routed`)
@@ -318,7 +318,7 @@ def build(spark: SparkSession, cfg: DetectConfig, watermark_delay_s: float, buck
         "rule_id", "k", "role", "rule_json", "event_time", "ts_ms", "seq", "topic", "raw", "num", "jv",
         F.pmod(F.xxhash64("k"), F.lit(buckets)).cast("int").alias("bucket"),
     )
-    out = stateful_in.groupBy("rule_id", "bucket").transformWithState(
+    out = stateful_in.groupBy("rule_id", "bucket").transformWithStateInPandas(
         DetectionProcessor(), OUTPUT_SCHEMA, "Append", "EventTime"
     )
 
@@ -382,6 +382,8 @@ class StatusReporter:
             "input_rows_per_second": p.get("inputRowsPerSecond"),
             "processed_rows_per_second": p.get("processedRowsPerSecond"),
             "num_input_rows": p.get("numInputRows"),
+            # Where the last micro-batch's time went (addBatch, latestOffset, walCommit, ...).
+            "batch_duration_ms": p.get("durationMs"),
             "lag": lag,
             "watermark": (p.get("eventTime") or {}).get("watermark"),
         }

@@ -4,6 +4,10 @@ The stateful processor (processor.py) loads a key's state, calls these functions
 the micro-batch's rows and stores what they return. Keeping the logic pure makes it
 unit-testable against the reference evaluator and keeps the Spark glue thin.
 
+The velocity window is held as columns (lists) sorted by event time: the processor
+stores them as bytes and loads them without building an object per event, and sorted,
+an event's window is a range found by bisection instead of a filter over every entry.
+
 Live semantics (DESIGN.md "Order"): each event is judged on arrival against what its
 key has seen; within one micro-batch, rows are taken in (event time, arrival) order,
 which for input that arrives in event-time order per key is exactly the backtest's
@@ -12,11 +16,16 @@ order, hence the same detections.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
-from bisect import bisect_right, insort
+import operator
+from bisect import bisect_right
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from spark_jobs.rules.model import CorrelationRule, VelocityRule
 
@@ -45,60 +54,237 @@ class Emit:
     ctx_num: float | None = None
 
 
+_NAN = float("nan")
+
+
 @dataclass
 class VelocityState:
-    window: list[Row] = field(default_factory=list)  # qualifying events, arrival order
+    """A key's window as aligned columns sorted by event time (equal times in arrival
+    order). No aggregate depends on the order of a window's events, and sorted, each
+    event's window is one slice of the stored columns plus one of the batch's rows."""
+
+    ts: list[int] = field(default_factory=list)  # event times, ascending
+    num: list[float] = field(default_factory=list)  # values; NaN: the event has none
+    jv: list[str | None] = field(default_factory=list)  # JSON text of the values
     prev_above: bool | None = None  # at the key's previous qualifying event
 
+    @classmethod
+    def of(cls, rows: Iterable[Row], prev_above: bool | None = None) -> VelocityState:
+        """A window holding `rows` (in any order)."""
+        rows = sorted(rows, key=lambda r: r.ts)
+        return cls([r.ts for r in rows], _nums(rows), [r.jv for r in rows], prev_above)
 
-def _aggregate(kind: str, rows: list[Row]) -> float:
-    if kind == "count":
-        return float(len(rows))
-    if kind == "distinct_count":
-        return float(len({r.jv for r in rows}))
-    values = [r.num for r in rows if r.num is not None]
-    if kind == "sum":
-        return math.fsum(values)
-    if kind == "avg":
-        return math.fsum(values) / len(values)
-    if kind == "min":
-        return min(values)
-    return max(values)
+    def entries(self) -> list[tuple[int, float | None, str | None]]:
+        """(ts, num, jv) per event, in window order (for tests and debugging)."""
+        return [(t, None if n != n else n, j) for t, n, j in zip(self.ts, self.num, self.jv, strict=True)]
+
+
+def _nums(rows: list[Row]) -> list[float]:
+    return [_NAN if r.num is None else r.num for r in rows]
 
 
 def velocity_step(rule: VelocityRule, state: VelocityState, rows: Iterable[Row]) -> list[Emit]:
-    """Take rows (already sorted) into the key's window; return the emits."""
-    emits: list[Emit] = []
+    """Take rows (sorted by time) into the key's window; return the emits.
+
+    Each event's aggregate is over the window's events with time in (ts - window, ts]:
+    the stored events in that range and the batch's rows up to and including itself,
+    two slices found by bisection instead of a filter over the whole window per event
+    (a busy or ungrouped key's window holds many events). The slices only move forward
+    through a batch, so where they hold many values the aggregates are kept up to date
+    as values enter and leave (`_aggregates`). The results are those of filtering,
+    exact sums (math.fsum) included.
+    """
+    rows = list(rows)
+    if not rows:
+        return []
+    ts = [r.ts for r in rows]
+    if any(b < a for a, b in zip(ts, ts[1:], strict=False)):
+        raise ValueError("velocity_step needs rows sorted by time")
+    num = _nums(rows)
+    jv = [r.jv for r in rows]
     w = rule.window_ms
+    old = state.ts
+    o_lo, o_hi, n_lo = [], [], []
+    for i, t in enumerate(ts):
+        hi = bisect_right(old, t)
+        o_hi.append(hi)
+        o_lo.append(bisect_right(old, t - w, 0, hi))
+        n_lo.append(bisect_right(ts, t - w, 0, i + 1))
+    aggs = _aggregates(rule.aggregation_type, state, num, jv, o_lo, o_hi, n_lo, list(range(1, len(ts) + 1)))
+    emits: list[Emit] = []
     thr = float(rule.threshold)
-    if rule.aggregation_type == "count":
-        # Same count as filtering the window, by bisection over the sorted times: a
-        # window of a busy (or ungrouped) key holds many events.
-        times = sorted(e.ts for e in state.window)
-        for row in rows:
-            state.window.append(row)
-            insort(times, row.ts)
-            agg = float(bisect_right(times, row.ts) - bisect_right(times, row.ts - w))
-            above = agg >= thr
-            if above and (rule.emit_mode == "all_events" or not state.prev_above):
-                emits.append(Emit(row, agg_value=agg))
-            state.prev_above = above
-        return emits
-    for row in rows:
-        state.window.append(row)
-        in_window = [e for e in state.window if row.ts - w < e.ts <= row.ts]
-        agg = _aggregate(rule.aggregation_type, in_window)
+    every = rule.emit_mode == "all_events"
+    prev = state.prev_above
+    for row, agg in zip(rows, aggs, strict=True):
         above = agg >= thr
-        if above and (rule.emit_mode == "all_events" or not state.prev_above):
+        if above and (every or not prev):
             emits.append(Emit(row, agg_value=agg))
-        state.prev_above = above
+        prev = above
+    state.prev_above = prev
+    _insert(state, ts, num, jv)
     return emits
+
+
+# Below this many values in all of a batch's windows together, each event's window
+# is aggregated from its two slices (C loops, nothing to set up); from it on, sums and
+# distinct counts are kept up to date as values enter and leave, and min/max come from
+# one numpy reduceat.
+_SLIDE_FROM = 2_000
+
+
+def _aggregates(kind: str, state: VelocityState, num: list[float], jv: list[str | None], o_lo: list[int],
+                o_hi: list[int], n_lo: list[int], n_hi: list[int]) -> list[float]:
+    """The aggregate at each new event: over old[o_lo:o_hi] + new[n_lo:n_hi]."""
+    if kind == "count":
+        return [float(b - a + d - c) for a, b, c, d in zip(o_lo, o_hi, n_lo, n_hi, strict=True)]
+    # Only these stored values can be in a window of this batch.
+    lo, hi = o_lo[0], o_hi[-1]
+    old, new = (state.jv[lo:hi], jv) if kind == "distinct_count" else (state.num[lo:hi], num)
+    o_lo, o_hi = [x - lo for x in o_lo], [x - lo for x in o_hi]
+    if sum(o_hi) - sum(o_lo) + sum(n_hi) - sum(n_lo) >= _SLIDE_FROM:
+        if kind == "distinct_count":
+            return _distinct_counts(old, new, o_lo, o_hi, n_lo, n_hi)
+        if kind in ("min", "max"):
+            return _extremes(kind, old, new, o_lo, o_hi, n_lo, n_hi)
+        if _bounded(old) and _bounded(new):
+            sums = _window_sums(old, new, o_lo, o_hi, n_lo, n_hi)
+            if kind == "sum":
+                return sums
+            return [s / (b - a + d - c) for s, a, b, c, d in zip(sums, o_lo, o_hi, n_lo, n_hi, strict=True)]
+    gaps = kind != "distinct_count" and (any(map(math.isnan, old)) or any(map(math.isnan, new)))
+    out = []
+    for a, b, c, d in zip(o_lo, o_hi, n_lo, n_hi, strict=True):
+        values = old[a:b] + new[c:d]
+        out.append(_aggregate(kind, [x for x in values if x == x] if gaps else values))
+    return out
+
+
+def _aggregate(kind: str, values: list) -> float:
+    """One window's aggregate by definition (values: JSON texts or numbers, no NaN)."""
+    if kind == "distinct_count":
+        return float(len(set(values)))
+    if kind == "sum":
+        return math.fsum(values)
+    if kind == "avg":
+        return math.fsum(values) / len(values)  # ZeroDivisionError without values
+    return min(values) if kind == "min" else max(values)  # ValueError without values
+
+
+def _moves(lo: list[int], hi: list[int]) -> Iterable[tuple[int, int, int, int]]:
+    """For forward-moving ranges [lo[i], hi[i]): per i the indices that leave ([a, b))
+    and enter ([c, d)) relative to the previous range (empty before the first)."""
+    a = b = lo[0] if lo else 0
+    for a2, b2 in zip(lo, hi, strict=True):
+        if a2 >= b:
+            yield a, b, a2, b2
+        else:
+            yield a, a2, b, b2
+        a, b = a2, b2
+
+
+def _distinct_counts(old: list, new: list, o_lo: list[int], o_hi: list[int], n_lo: list[int],
+                     n_hi: list[int]) -> list[float]:
+    counts: Counter = Counter()
+    out: list[float] = []
+    for (oa, ob, oc, od), (na, nb, nc, nd) in zip(_moves(o_lo, o_hi), _moves(n_lo, n_hi), strict=True):
+        for x in itertools.chain(old[oa:ob], new[na:nb]):
+            c = counts[x] - 1
+            if c:
+                counts[x] = c
+            else:
+                del counts[x]
+        counts.update(old[oc:od])
+        counts.update(new[nc:nd])
+        out.append(float(len(counts)))
+    return out
+
+
+def _extremes(kind: str, old: list[float], new: list[float], o_lo: list[int], o_hi: list[int], n_lo: list[int],
+              n_hi: list[int]) -> list[float]:
+    f = np.fmax if kind == "max" else np.fmin  # NaN (no value) is skipped
+    agg = f(_range_reduce(f, np.array(old, np.float64), o_lo, o_hi),
+            _range_reduce(f, np.array(new, np.float64), n_lo, n_hi))
+    if bool(np.isnan(agg).any()):
+        raise ValueError(f"{kind}() of a window without values")
+    return agg.tolist()
+
+
+def _range_reduce(f: np.ufunc, a: np.ndarray, lo: list[int], hi: list[int]) -> np.ndarray:
+    """f over a[lo[i]:hi[i]] per i, NaN where the range is empty: one reduceat call."""
+    if len(a) == 0:
+        return np.full(len(lo), np.nan)
+    padded = np.append(a, np.nan)  # every index, hi == len(a) included, is in range
+    idx = np.empty(2 * len(lo), np.intp)
+    idx[0::2], idx[1::2] = lo, hi
+    out = f.reduceat(padded, idx)[0::2]
+    out[np.asarray(lo) >= np.asarray(hi)] = np.nan
+    return out
+
+
+# Sliding sums: values that enter are added, values that leave are added negated, and
+# the list is folded into its exact partials (`_exact_parts`) when it grows. fsum of a
+# list with the same exact sum as the window's values is the window's fsum (fsum is
+# correctly rounded). Only for values with no NaN (no value), inf or huge magnitude,
+# where fsum of other terms could overflow differently.
+_FOLD_AT = 64
+_HUGE = 1e300
+
+
+def _exact_parts(xs: list[float]) -> list[float]:
+    """A short list of floats whose exact sum equals the exact sum of `xs` (finite)."""
+    parts: list[float] = []
+    neg: list[float] = []
+    while True:
+        s = math.fsum(xs + neg)
+        if s == 0.0:  # a nonzero exact sum of doubles is at least the least subnormal
+            return parts
+        parts.append(s)
+        neg.append(-s)
+
+
+def _bounded(xs: list[float]) -> bool:
+    """Every value finite and below _HUGE in magnitude (so are their sums)."""
+    try:
+        return math.fsum(map(abs, xs)) < _HUGE  # NaN and inf compare False
+    except (OverflowError, ValueError):
+        return False
+
+
+def _window_sums(old: list[float], new: list[float], o_lo: list[int], o_hi: list[int], n_lo: list[int],
+                 n_hi: list[int]) -> list[float]:
+    """Per event: fsum of old[o_lo:o_hi] + new[n_lo:n_hi] (all values _bounded)."""
+    sums: list[float] = []
+    acc: list[float] = []
+    for (oa, ob, oc, od), (na, nb, nc, nd) in zip(_moves(o_lo, o_hi), _moves(n_lo, n_hi), strict=True):
+        acc.extend(map(operator.neg, old[oa:ob]))
+        acc.extend(map(operator.neg, new[na:nb]))
+        acc += old[oc:od]
+        acc += new[nc:nd]
+        if len(acc) > _FOLD_AT:
+            acc = _exact_parts(acc)
+        sums.append(math.fsum(acc))
+    return sums
+
+
+def _insert(state: VelocityState, ts: list[int], num: list[float], jv: list[str | None]) -> None:
+    """Merge sorted new events into the sorted window (after equal times: arrival order)."""
+    if not state.ts or ts[0] >= state.ts[-1]:
+        state.ts, state.num, state.jv = state.ts + ts, state.num + num, state.jv + jv
+        return
+    t_all, n_all, j_all = state.ts[:], state.num[:], state.jv[:]
+    for t, x, j in zip(ts, num, jv, strict=True):
+        i = bisect_right(t_all, t)
+        t_all.insert(i, t)
+        n_all.insert(i, x)
+        j_all.insert(i, j)
+    state.ts, state.num, state.jv = t_all, n_all, j_all
 
 
 def evict_window(state: VelocityState, rule: VelocityRule, horizon_ms: int) -> None:
     """Forget entries no future event can see: ts <= horizon - window."""
-    cutoff = horizon_ms - rule.window_ms
-    state.window = [e for e in state.window if e.ts > cutoff]
+    i = bisect_right(state.ts, horizon_ms - rule.window_ms)
+    if i:
+        state.ts, state.num, state.jv = state.ts[i:], state.num[i:], state.jv[i:]
 
 
 @dataclass

@@ -1,12 +1,28 @@
-"""The stateful processor of the live job: transformWithState keyed by (rule_id, bucket).
+"""The stateful processor of the live job: transformWithStateInPandas keyed by (rule_id, bucket).
 
 A bucket is `pmod(xxhash64(key), N)` of the rule's grouping key (job.py), so one Python
-call serves every key of a rule that falls in that bucket. State per key lives in a
-MapState keyed by the key, in Spark's state store (RocksDB), checkpointed with the
-query: one value per key holding the rule version/signature, the last crossing flag,
-the newest event time, the key's expiry and its velocity window or correlation
-buffers. Only keys present in a micro-batch are read and written (one getValue, one
-updateValue each).
+call serves every key of a rule that falls in that bucket. The bucket's state is one
+value in Spark's state store (RocksDB), checkpointed with the query: its timer and,
+per key, the rule version/signature, the last crossing flag, the newest event time,
+the key's expiry and its velocity window or correlation buffers.
+
+Why one value per bucket and not a MapState entry per key: every state call is a
+round trip to the JVM's state server, and pyspark's MapState has no batched get or
+update. One get and one update per key and batch took most of the operator's time
+(about 85% at 20k events per batch); one get and one update per bucket is a few
+hundred calls per batch whatever the number of keys. The price: a batch rewrites
+the whole bucket, also its keys without new events; at the rates where that would
+matter, nearly every key has new events in every batch anyway.
+
+Why pandas and bytes: with the Row API (transformWithState) pyspark builds every input
+Row cell by cell from Arrow, which took more time than everything else together. The
+pandas API hands over column batches, read here into plain tuples once; the output goes
+back as one Arrow-backed DataFrame per call (`_frame`). Likewise decoding, not the
+logic, was the cost of state: a key's window and buffers are stored as the raw bytes of
+their columns (int64 times, float64 values, texts joined by NUL), not as JSON text of
+lists, so a window of 1000 events loads in microseconds instead of a millisecond. This
+layout is a new state schema: checkpoints written by the Row-based processor cannot be
+resumed (start the job with a fresh checkpoint).
 
 Expiry: each key has its own expiry time (its newest event a full window, plus the
 allowed lateness, behind); a key is forgotten once the watermark reaches it, exactly
@@ -22,14 +38,25 @@ of being enforced by Spark on the operator's input.
 
 from __future__ import annotations
 
-import itertools
 import json
+import pickle
+import struct
 from collections.abc import Iterator
 from typing import Any
 
-from pyspark.sql import Row as SparkRow
+import numpy as np
+import pandas as pd
+import pyarrow as pa
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
-from pyspark.sql.types import BooleanType, DoubleType, LongType, StringType, StructField, StructType
+from pyspark.sql.types import (
+    BinaryType,
+    BooleanType,
+    DoubleType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+)
 
 from spark_jobs.engine.conditions import compare_json
 from spark_jobs.rules.model import AnyRule, CorrelationRule, VelocityRule, parse_rule
@@ -44,20 +71,28 @@ from spark_jobs.streaming.keyed_logic import (
     velocity_step,
 )
 
-KEY_SCHEMA = StructType([StructField("k", StringType())])
-# One key's state. `entries` / `pending` are JSON: the velocity window as columns
-# {"t": [...], "n": [...], "j": [...]} (a column of only nulls is left out), the
-# correlation buffers as lists of [ts, seq, num, jv, raw, topic].
+# One key's state. A velocity window is columns of bytes, sorted by time (`t`: int64
+# times, `n`: float64 values with NaN for none, `j`: the values' JSON text, see
+# `_dump_texts`), only those its aggregation reads; all null when the window is empty.
+# The correlation buffers (context records, held primaries) are rows in columns of
+# bytes too (`_dump_rows`).
 KEY_STATE_SCHEMA = StructType([
     StructField("version", StringType()),
     StructField("signature", StringType()),
     StructField("prev_above", BooleanType()),
     StructField("max_ts", LongType()),
     StructField("expiry", LongType()),
-    StructField("entries", StringType()),
-    StructField("pending", StringType()),
+    StructField("t", BinaryType()),
+    StructField("n", BinaryType()),
+    StructField("j", BinaryType()),
+    StructField("context", BinaryType()),
+    StructField("pending", BinaryType()),
 ])
-BUCKET_SCHEMA = StructType([StructField("timer", LongType())])
+VERSION, SIGNATURE, PREV_ABOVE, MAX_TS, EXPIRY, T, N, J, CONTEXT, PENDING = range(len(KEY_STATE_SCHEMA))
+# A bucket's whole state, read and written once per micro-batch: its timer and its
+# keys, {key: tuple in KEY_STATE_SCHEMA's order} pickled (builtins only: str, int,
+# bool, bytes, None). See the module docstring for why not a MapState.
+BUCKET_SCHEMA = StructType([StructField("timer", LongType()), StructField("keys", BinaryType())])
 
 OUTPUT_SCHEMA = StructType([
     StructField("kind", StringType()),  # detection | routed | dead
@@ -109,66 +144,167 @@ def _signature(rule: AnyRule) -> str:
     return json.dumps({k: d.get(k) for k in keep}, sort_keys=True)
 
 
-# An input row, read once from Spark's Row (by position: name lookups cost per access).
-_IN = ("role", "event_time", "ts_ms", "seq", "topic", "raw", "num", "jv")
-ROLE, EVENT_TIME, TS, SEQ, TOPIC, RAW, NUM, JV = range(len(_IN))
+# -- input: pandas column batches -> plain tuples ----------------------------------------
+
+# An input row as a tuple, in this order; `k` (the key) last.
+_IN = (("role", "obj"), ("event_time", "obj"), ("ts_ms", "int"), ("seq", "int"), ("topic", "obj"), ("raw", "obj"),
+       ("num", "float"), ("jv", "obj"), ("k", "obj"))
+ROLE, EVENT_TIME, TS, SEQ, TOPIC, RAW, NUM, JV, KEY = range(len(_IN))
+
+
+def _missing(v: Any) -> bool:
+    return v is None or v is pd.NA or (isinstance(v, float) and v != v)
+
+
+def _column(s: pd.Series, kind: str) -> list:
+    """A column as Python values, None where Spark had null.
+
+    pandas turns a null into NaN in a float column, and a long column with a null in
+    its Arrow batch arrives as float64 (or Int64 with pd.NA under
+    preferIntExtensionDtype); what Spark sent was a null or an integer. (A NaN value
+    and a null cannot be told apart in a float column; the job's values are never NaN.)
+    """
+    values = s.tolist()
+    if isinstance(s.dtype, np.dtype) and s.dtype.kind in "biu":  # numpy bool and integer columns hold no nulls
+        return values
+    if kind == "int":
+        return [None if _missing(v) else int(v) for v in values]
+    if not s.hasnans:
+        return values
+    if kind == "float":
+        return [None if _missing(v) else float(v) for v in values]
+    return [None if _missing(v) else v for v in values]
 
 
 def _to_row(r: tuple) -> Row:
     return Row(ts=r[TS], seq=r[SEQ], num=r[NUM], jv=r[JV], raw=r[RAW], topic=r[TOPIC])
 
 
+# -- output: tuples in OUTPUT_SCHEMA's order -> one pandas DataFrame ----------------------
+
+_ARROW = {StringType(): pa.string(), LongType(): pa.int64(), DoubleType(): pa.float64(), BooleanType(): pa.bool_()}
+_OUT_TYPES = [_ARROW[f.dataType] for f in OUTPUT_SCHEMA.fields]
+
+
+def _out(kind: str, rule: AnyRule, row: Row, emit: Emit | None = None, reason: str | None = None) -> tuple:
+    return (
+        kind, rule.rule_id, rule.version, rule.rule_type, rule.name,
+        row.topic, row.seq, row.ts, row.raw,
+        rule.aggregation_type if isinstance(rule, VelocityRule) else None,
+        emit.agg_value if emit else None,
+        rule.metric if isinstance(rule, CorrelationRule) else None,
+        rule.emit_mode in ("context", "both") if isinstance(rule, CorrelationRule) else None,
+        emit.ctx_num if emit else None,
+        emit.ctx_json if emit else None,
+        emit.metric_value if emit else None,
+        emit.ctx_record if emit else None,
+        reason,
+    )
+
+
+def _frame(rows: list[tuple]) -> pd.DataFrame:
+    """Output rows as one DataFrame, columns in OUTPUT_SCHEMA's order.
+
+    pyspark turns each returned DataFrame into Arrow column by column, a fixed cost
+    per column and call that outweighed the rows themselves. Columns that are Arrow
+    arrays already (pd.ArrowDtype) convert without a copy or a null scan, and None is
+    null in them whatever the type (no NaN in a double column, no float64 long column).
+    Labels are positions, not names: pyspark would reorder a frame with named columns
+    by a take per call.
+    """
+    return pd.DataFrame(
+        {i: pd.array(pa.array(col, type=t), dtype=pd.ArrowDtype(t))
+         for i, (col, t) in enumerate(zip(zip(*rows, strict=True), _OUT_TYPES, strict=True))},
+        copy=False,
+    )
+
+
 # -- the stored form of a key's entries --------------------------------------------------
 
-
-def _dump_window(window: list[Row]) -> str | None:
-    """Velocity window: only what aggregation needs (no event text, no seq)."""
-    if not window:
-        return None
-    cols: dict[str, list] = {"t": [e.ts for e in window]}
-    n = [e.num for e in window]
-    if any(x is not None for x in n):
-        cols["n"] = n
-    j = [e.jv for e in window]
-    if any(x is not None for x in j):
-        cols["j"] = j
-    return json.dumps(cols, separators=(",", ":"))
+# A list of texts: joined by NUL (JSON text never holds a raw NUL); nothing when all
+# are None; JSON otherwise (a None among texts, or a NUL in one). The first byte tells which.
+_SEP = "\x00"
 
 
-def _load_window(text: str | None) -> list[Row]:
-    if not text:
-        return []
-    cols = json.loads(text)
-    t = cols["t"]
-    none = [None] * len(t)
-    return [Row(ts, 0, n, j) for ts, n, j in zip(t, cols.get("n") or none, cols.get("j") or none, strict=True)]
+def _dump_texts(xs: list[str | None]) -> bytes:
+    if None not in xs:
+        s = _SEP.join(xs)  # type: ignore[arg-type]
+        if s.count(_SEP) == len(xs) - 1:
+            return b"\x00" + s.encode()
+    elif xs.count(None) == len(xs):
+        return b"\x02"
+    return b"\x01" + json.dumps(xs, separators=(",", ":")).encode()
 
 
-def _dump_rows(rows: list[Row]) -> str | None:
+def _load_texts(b: bytes, n: int) -> list[str | None]:
+    if b[0] == 0:
+        return b[1:].decode().split(_SEP)
+    if b[0] == 2:
+        return [None] * n
+    return json.loads(b[1:])
+
+
+def _dump_window(state: VelocityState, kind: str) -> tuple[bytes | None, bytes | None, bytes | None]:
+    """(t, n, j): only what the aggregation reads (no event text, no seq)."""
+    if not state.ts:
+        return None, None, None
+    t = np.array(state.ts, "<i8").tobytes()
+    if kind == "count":
+        return t, None, None
+    if kind == "distinct_count":
+        return t, None, _dump_texts(state.jv)
+    return t, np.array(state.num, "<f8").tobytes(), None
+
+
+def _load_window(t: bytes | None, n: bytes | None, j: bytes | None, prev_above: bool | None) -> VelocityState:
+    if not t:
+        return VelocityState(prev_above=prev_above)
+    ts = np.frombuffer(t, "<i8").tolist()
+    num = np.frombuffer(n, "<f8").tolist() if n else [float("nan")] * len(ts)
+    jv = _load_texts(j, len(ts)) if j else [None] * len(ts)
+    return VelocityState(ts, num, jv, prev_above)
+
+
+# Correlation buffers: a header (format, rows, byte lengths of the three text sections),
+# ts and seq as int64, num as float64 (NaN: none), then jv, raw and topic as texts. A
+# row without ts or seq (never stored by this processor) falls back to JSON rows.
+_ROWS_HEAD = struct.Struct("<BIIII")
+
+
+def _dump_rows(rows: list[Row]) -> bytes | None:
     if not rows:
         return None
-    return json.dumps([[e.ts, e.seq, e.num, e.jv, e.raw or None, e.topic or None] for e in rows], separators=(",", ":"))
+    if any(e.ts is None or e.seq is None for e in rows):
+        return b"\x01" + json.dumps([[e.ts, e.seq, e.num, e.jv, e.raw or None, e.topic or None] for e in rows],
+                                    separators=(",", ":")).encode()
+    jv = _dump_texts([e.jv for e in rows])
+    raw = _dump_texts([e.raw or "" for e in rows])  # as before: an empty or missing text loads as ""
+    topic = _dump_texts([e.topic or "" for e in rows])
+    return b"".join((
+        _ROWS_HEAD.pack(0, len(rows), len(jv), len(raw), len(topic)),
+        np.array([e.ts for e in rows], "<i8").tobytes(),
+        np.array([e.seq for e in rows], "<i8").tobytes(),
+        np.array([np.nan if e.num is None else e.num for e in rows], "<f8").tobytes(),
+        jv, raw, topic,
+    ))
 
 
-def _load_rows(text: str | None) -> list[Row]:
-    if not text:
+def _load_rows(b: bytes | None) -> list[Row]:
+    if not b:
         return []
-    return [Row(ts=t[0], seq=t[1], num=t[2], jv=t[3], raw=t[4] or "", topic=t[5] or "") for t in json.loads(text)]
-
-
-def _out(kind: str, rule: AnyRule, row: Row, emit: Emit | None = None, reason: str | None = None) -> SparkRow:
-    return SparkRow(
-        kind=kind, rule_id=rule.rule_id, rule_version=rule.version, rule_type=rule.rule_type, rule_name=rule.name,
-        topic=row.topic, seq=row.seq, ts_ms=row.ts, raw=row.raw,
-        agg_type=rule.aggregation_type if isinstance(rule, VelocityRule) else None,
-        agg_value=emit.agg_value if emit else None,
-        metric=rule.metric if isinstance(rule, CorrelationRule) else None,
-        emit_context=rule.emit_mode in ("context", "both") if isinstance(rule, CorrelationRule) else None,
-        ctx_num=emit.ctx_num if emit else None,
-        ctx_json=emit.ctx_json if emit else None,
-        metric_value=emit.metric_value if emit else None, ctx_record=emit.ctx_record if emit else None,
-        reason=reason,
-    )
+    if b[0] == 1:
+        return [Row(t[0], t[1], t[2], t[3], t[4] or "", t[5] or "") for t in json.loads(b[1:])]
+    _, n, lj, lr, lt = _ROWS_HEAD.unpack_from(b)
+    o = _ROWS_HEAD.size
+    ts = np.frombuffer(b, "<i8", n, o).tolist()
+    seq = np.frombuffer(b, "<i8", n, o + 8 * n).tolist()
+    a = np.frombuffer(b, "<f8", n, o + 16 * n)
+    num = [None if x != x else x for x in a.tolist()] if bool(np.isnan(a).any()) else a.tolist()
+    o += 24 * n
+    jv = _load_texts(b[o:o + lj], n)
+    raw = _load_texts(b[o + lj:o + lj + lr], n)
+    topic = _load_texts(b[o + lj + lr:o + lj + lr + lt], n)
+    return list(map(Row, ts, seq, num, jv, raw, topic))
 
 
 class DetectionProcessor(StatefulProcessor):
@@ -176,54 +312,72 @@ class DetectionProcessor(StatefulProcessor):
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
-        self.keys = handle.getMapState("keys", KEY_SCHEMA, KEY_STATE_SCHEMA)
         self.bucket = handle.getValueState("bucket", BUCKET_SCHEMA)
 
-    # -- the bucket timer ----------------------------------------------------------------
-    def _timer(self) -> int | None:
+    # -- the bucket: its timer and its keys' state, one read and one write ---------------
+    def _load(self) -> tuple[int | None, dict[str, tuple]]:
         v = self.bucket.get()  # None when absent: no exists() round trip
-        return v[0] if v is not None else None
+        if v is None:
+            return None, {}
+        return v[0], pickle.loads(v[1]) if v[1] else {}
 
-    def _set_timer(self, current: int | None, at_ms: int | None) -> None:
-        """Register `at_ms` as the bucket's one timer (None: no timer), replacing `current`."""
-        if at_ms == current:
-            return
-        if current is not None:
-            self.handle.deleteTimer(current)
-        if at_ms is None:
+    def _store(self, timer: int | None, keys: dict[str, tuple]) -> None:
+        if not keys and timer is None:
             self.bucket.clear()
         else:
-            self.handle.registerTimer(at_ms)
-            self.bucket.update((at_ms,))
+            self.bucket.update((timer, pickle.dumps(keys, protocol=pickle.HIGHEST_PROTOCOL)))
 
     # -- the API -------------------------------------------------------------------------
-    def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[SparkRow]:
-        it = iter(rows)
-        first = next(it)
-        fields = list(first.__fields__)
-        ik = fields.index("k")
-        pos = [fields.index(n) for n in _IN]
-        # One consistent rule set per micro-batch: every row of a group has the same rule.
-        rule, sig = _rule(first[fields.index("rule_json")])
+    def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any) -> Iterator[pd.DataFrame]:
         by_key: dict[str, list[tuple]] = {}
-        for r in itertools.chain((first,), it):
-            by_key.setdefault(r[ik], []).append(tuple([r[i] for i in pos]))
+        rule_json = None
+        for pdf in rows:  # more than one when the group outgrows an Arrow batch
+            if len(pdf) == 0:
+                continue
+            if rule_json is None:
+                # One consistent rule set per micro-batch: every row of a group has the same rule.
+                rule_json = pdf["rule_json"].iat[0]
+            for r in zip(*[_column(pdf[name], kind) for name, kind in _IN], strict=True):
+                k = r[KEY]
+                group = by_key.get(k)
+                if group is None:
+                    by_key[k] = [r]
+                else:
+                    group.append(r)
+        if rule_json is None:
+            return
+        rule, sig = _rule(rule_json)
         watermark = timerValues.getCurrentWatermarkInMs()
+        timer, keys = self._load()
+        out: list[tuple] = []
         earliest: int | None = None
+        changed = False
         for k, key_rows in by_key.items():
-            out, expiry = self._key(rule, sig, k, key_rows, watermark)
-            yield from out
+            stored = self._key(rule, sig, k, key_rows, watermark, out, keys.get(k))
+            if stored is None:
+                continue
+            keys[k] = stored
+            changed = True
+            expiry = stored[EXPIRY]
             if expiry is not None and (earliest is None or expiry < earliest):
                 earliest = expiry
-        if earliest is not None:
-            # Keys not in this batch keep expiries at or after the registered timer;
-            # it only has to move when a key of this batch needs an earlier one.
-            current = self._timer()
-            if current is None or earliest < current:
-                self._set_timer(current, earliest)
+        # Keys not in this batch keep expiries at or after the registered timer; it only
+        # has to move when a key of this batch needs an earlier one.
+        if earliest is not None and (timer is None or earliest < timer):
+            if timer is not None:
+                self.handle.deleteTimer(timer)
+            self.handle.registerTimer(earliest)
+            timer = earliest
+            changed = True
+        if changed:
+            self._store(timer, keys)
+        if out:
+            yield _frame(out)
 
-    def _key(self, rule: AnyRule, sig: str, k: str, rows: list[tuple], watermark: int) -> tuple[list[SparkRow], int | None]:
-        out: list[SparkRow] = []
+    def _key(self, rule: AnyRule, sig: str, k: str, rows: list[tuple], watermark: int, out: list[tuple],
+             v: tuple | None) -> tuple | None:
+        """One key's rows of the batch, `v` its stored state: its outputs appended to
+        `out`; returns its new state (None: untouched)."""
         fresh: list[tuple] = []
         for r in rows:
             if r[TS] is None:
@@ -238,87 +392,75 @@ class DetectionProcessor(StatefulProcessor):
             else:
                 fresh.append(r)
         if all(r[TS] is None for r in rows):
-            return out, None
+            return None
         fresh.sort(key=lambda r: (r[TS], r[SEQ]))
 
-        v = self.keys.getValue((k,))
-        if v is None:
-            meta = {"version": None, "signature": None, "prev_above": None, "max_ts": None, "expiry": None}
-            entries_text = pending_text = None
-        else:
-            meta = {"version": v[0], "signature": v[1], "prev_above": v[2], "max_ts": v[3], "expiry": v[4]}
-            entries_text, pending_text = v[5], v[6]
-        if meta["signature"] is not None and meta["signature"] != sig:
-            entries_text = pending_text = None
-            meta["prev_above"] = None
+        stored: list[Any] = [None] * len(KEY_STATE_SCHEMA) if v is None else list(v)
+        if stored[SIGNATURE] is not None and stored[SIGNATURE] != sig:
+            stored[T] = stored[N] = stored[J] = stored[CONTEXT] = stored[PENDING] = None
+            stored[PREV_ABOVE] = None
 
         if isinstance(rule, VelocityRule):
-            entries_text = self._velocity(rule, fresh, meta, watermark, entries_text, out)
+            self._velocity(rule, fresh, stored, watermark, out)
         elif isinstance(rule, CorrelationRule):
-            entries_text, pending_text = self._correlation(rule, fresh, meta, watermark, entries_text, pending_text, out)
-        meta["version"], meta["signature"] = rule.version, sig
-        self.keys.updateValue((k,), (meta["version"], meta["signature"], meta["prev_above"], meta["max_ts"],
-                                     meta["expiry"], entries_text, pending_text))
-        return out, meta["expiry"]
+            self._correlation(rule, fresh, stored, watermark, out)
+        stored[VERSION], stored[SIGNATURE] = rule.version, sig
+        return tuple(stored)
 
-    def _velocity(self, rule: VelocityRule, rows: list[Any], meta: dict, watermark: int, entries: str | None,
-                  out: list[SparkRow]) -> str | None:
-        state = VelocityState(_load_window(entries), meta["prev_above"])
+    def _velocity(self, rule: VelocityRule, rows: list[tuple], stored: list[Any], watermark: int,
+                  out: list[tuple]) -> None:
+        state = _load_window(stored[T], stored[N], stored[J], stored[PREV_ABOVE])
         new = [_to_row(r) for r in rows]
         emits = velocity_step(rule, state, new)
         if new:
-            meta["max_ts"] = max(meta["max_ts"] or new[-1].ts, max(r.ts for r in new))
-        horizon = meta["max_ts"] or 0
+            stored[MAX_TS] = max(stored[MAX_TS] or new[-1].ts, max(r.ts for r in new))
+        horizon = stored[MAX_TS] or 0
         if rule.uses_event_time and watermark > 0:
             horizon = min(horizon, watermark)
         evict_window(state, rule, horizon)
-        meta["prev_above"] = state.prev_above
-        if rule.uses_event_time and meta["max_ts"] is not None:
-            meta["expiry"] = meta["max_ts"] + rule.window_ms + int(rule.watermark_delay * 1000)
+        stored[PREV_ABOVE] = state.prev_above
+        if rule.uses_event_time and stored[MAX_TS] is not None:
+            stored[EXPIRY] = stored[MAX_TS] + rule.window_ms + int(rule.watermark_delay * 1000)
         kind = "detection" if rule.emit_to_sink else "routed"
         out.extend(_out(kind, rule, e.row, e) for e in emits)
-        return _dump_window(state.window)
+        stored[T], stored[N], stored[J] = _dump_window(state, rule.aggregation_type)
 
-    def _correlation(self, rule: CorrelationRule, rows: list[Any], meta: dict, watermark: int, entries: str | None,
-                     pending: str | None, out: list[SparkRow]) -> tuple[str | None, str | None]:
-        state = CorrelationState(_load_rows(entries), _load_rows(pending))
+    def _correlation(self, rule: CorrelationRule, rows: list[tuple], stored: list[Any], watermark: int,
+                     out: list[tuple]) -> None:
+        state = CorrelationState(_load_rows(stored[CONTEXT]), _load_rows(stored[PENDING]))
         primaries = [_to_row(r) for r in rows if r[ROLE] != "context"]
         contexts = [_to_row(r) for r in rows if r[ROLE] == "context"]
         op, value = rule.condition.operator, rule.condition.value
         emits = correlation_step(rule, state, primaries, contexts, watermark, lambda jv: compare_json(jv, op, value))
         ts_all = [r.ts for r in primaries + contexts]
         if ts_all:
-            meta["max_ts"] = max([meta["max_ts"] or ts_all[0], *ts_all])
+            stored[MAX_TS] = max([stored[MAX_TS] or ts_all[0], *ts_all])
         if watermark > 0:
             evict_context(state, rule, watermark)
-        if meta["max_ts"] is not None:
-            meta["expiry"] = meta["max_ts"] + rule.lookback_ms + int(rule.watermark_delay * 1000)
+        if stored[MAX_TS] is not None:
+            stored[EXPIRY] = stored[MAX_TS] + rule.lookback_ms + int(rule.watermark_delay * 1000)
         out.extend(_out("detection", rule, e.row, e) for e in emits)
-        return _dump_rows(state.context), _dump_rows(state.pending)
+        stored[CONTEXT], stored[PENDING] = _dump_rows(state.context), _dump_rows(state.pending)
 
-    def handleExpiredTimer(self, key: Any, timerValues: Any, expiredTimerInfo: Any) -> Iterator[SparkRow]:
+    def handleExpiredTimer(self, key: Any, timerValues: Any, expiredTimerInfo: Any) -> Iterator[pd.DataFrame]:
         """Forget the keys whose newest event is a full window (plus the allowed lateness)
         behind the watermark: the keys whose own timer would have fired (expiry <=
         watermark, Spark's rule for event-time timers). Then re-arm for the next."""
         watermark = timerValues.getCurrentWatermarkInMs()
-        expired: list[str] = []
+        _, keys = self._load()
         earliest: int | None = None
-        for (k,), v in self.keys.iterator():
-            expiry = v[4]
-            if expiry is None:
+        kept: dict[str, tuple] = {}
+        for k, v in keys.items():
+            expiry = v[EXPIRY]
+            if expiry is not None and expiry <= watermark:
                 continue
-            if expiry <= watermark:
-                expired.append(k)
-            elif earliest is None or expiry < earliest:
+            kept[k] = v
+            if expiry is not None and (earliest is None or expiry < earliest):
                 earliest = expiry
-        for k in expired:
-            self.keys.removeKey((k,))
         # Spark deletes the fired timer after this returns; `earliest` > watermark >= it.
-        if earliest is None:
-            self.bucket.clear()
-        else:
+        if earliest is not None:
             self.handle.registerTimer(earliest)
-            self.bucket.update((earliest,))
+        self._store(earliest, kept)
         return iter(())
 
     def close(self) -> None:

@@ -1,12 +1,22 @@
-"""The bucketed stateful processor (one Python call per (rule, bucket of keys), per-key
-state in a MapState, one timer per bucket) against the per-key processor it replaced
-(one call, ListState/ValueState and one timer per (rule, key)): the same output for
-the same micro-batches and watermarks, expiry included. Driven by pyspark's TwsTester
-(in-memory state, Spark's timer rule: fire when expiry <= watermark)."""
+"""The bucketed pandas processor (one Python call per (rule, bucket of keys), the
+bucket's keys and its one timer in one state value) against the per-key Row processor it
+replaced (one call, ListState/ValueState and one timer per (rule, key), the velocity
+window filtered per event by definition): the same output for the same micro-batches
+and watermarks, expiry, late rows and rows without a timestamp included.
+
+Both are driven by pyspark's TwsTester (in-memory state, Spark's timer rule: fire when
+expiry <= watermark). The pandas processor's input is made the way the Python worker
+makes it (pyspark's TransformWithStateInPandasSerializer reading an Arrow stream, groups
+split over several DataFrames), and its output is read back the way Spark reads it
+(pyspark's pandas -> Arrow conversion with OUTPUT_SCHEMA), so nulls are checked too.
+"""
 
 from __future__ import annotations
 
+import io
 import json
+import math
+import pickle
 import random
 from collections import Counter
 from collections.abc import Iterator
@@ -16,24 +26,80 @@ import pytest
 
 pytest.importorskip("pyspark.sql.streaming.tws_tester")
 
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import pyarrow as pa  # noqa: E402
 from pyspark.sql import Row as SparkRow  # noqa: E402
+from pyspark.sql.conversion import PandasToArrowConversion  # noqa: E402
+from pyspark.sql.pandas.serializers import TransformWithStateInPandasSerializer  # noqa: E402
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle  # noqa: E402
+from pyspark.sql.streaming.stateful_processor_util import TransformWithStateInPandasFuncMode  # noqa: E402
 from pyspark.sql.streaming.tws_tester import TwsTester  # noqa: E402
 from pyspark.sql.types import BooleanType, DoubleType, LongType, StringType, StructField, StructType  # noqa: E402
 
 from spark_jobs.engine.conditions import compare_json  # noqa: E402
 from spark_jobs.rules.model import CorrelationRule, VelocityRule, parse_rule  # noqa: E402
+from spark_jobs.streaming import keyed_logic  # noqa: E402
 from spark_jobs.streaming.keyed_logic import (  # noqa: E402
     CorrelationState,
+    Emit,
     Row,
     VelocityState,
-    _aggregate,
     correlation_step,
     evict_context,
     evict_window,
     velocity_step,
 )
-from spark_jobs.streaming.processor import DetectionProcessor, _out, _rule  # noqa: E402
+from spark_jobs.streaming.processor import (  # noqa: E402
+    OUTPUT_SCHEMA,
+    DetectionProcessor,
+    _column,
+    _dump_rows,
+    _dump_texts,
+    _dump_window,
+    _frame,
+    _load_rows,
+    _load_texts,
+    _load_window,
+    _out,
+    _rule,
+)
+
+# ------------------------------------------------------------------ the velocity definition
+
+
+def _aggregate(kind: str, rows: list[Row]) -> float:
+    if kind == "count":
+        return float(len(rows))
+    if kind == "distinct_count":
+        return float(len({r.jv for r in rows}))
+    values = [r.num for r in rows if r.num is not None]
+    if kind == "sum":
+        return math.fsum(values)
+    if kind == "avg":
+        return math.fsum(values) / len(values)
+    if kind == "min":
+        return min(values)
+    return max(values)
+
+
+def _ref_velocity_step(rule: VelocityRule, window: list[Row], prev_above: bool | None,
+                       rows: list[Row]) -> tuple[list[tuple[Row, float]], bool | None]:
+    """Each event against its key's window filtered by time: the definition."""
+    emits = []
+    for row in rows:
+        window.append(row)
+        agg = _aggregate(rule.aggregation_type, [e for e in window if row.ts - rule.window_ms < e.ts <= row.ts])
+        above = agg >= float(rule.threshold)
+        if above and (rule.emit_mode == "all_events" or not prev_above):
+            emits.append((row, agg))
+        prev_above = above
+    return emits, prev_above
+
+
+def _ref_evict(window: list[Row], rule: VelocityRule, horizon_ms: int) -> list[Row]:
+    return [e for e in window if e.ts > horizon_ms - rule.window_ms]
+
 
 # ------------------------------------------------------------------ the per-key reference
 
@@ -73,39 +139,44 @@ class PerKeyProcessor(StatefulProcessor):
             self.handle.registerTimer(at_ms)
             meta["timer"] = at_ms
 
-    def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[SparkRow]:
+    def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[tuple]:
         rows = list(rows)
         rule, sig = _rule(rows[0]["rule_json"])
         watermark = timerValues.getCurrentWatermarkInMs()
+        fresh = []
+        for r in rows:
+            if r["ts_ms"] is None:
+                yield _out("dead", rule, _to_row(r),
+                           reason=f"missing or unparseable timestamp needed by {rule.rule_type} rule")
+            elif r["event_time"] and r["role"] != "routed" and watermark > 0 and r["ts_ms"] < watermark:
+                yield _out("dead", rule, _to_row(r), reason=f"late event: older than the job watermark ({watermark} ms)")
+            else:
+                fresh.append(r)
+        if all(r["ts_ms"] is None for r in rows):
+            return  # such rows never touch state
         v = self.meta.get() if self.meta.exists() else None
         meta = dict(zip(("version", "signature", "prev_above", "max_ts", "timer"), v or (None,) * 5, strict=True))
         if meta["signature"] is not None and meta["signature"] != sig:
             self.entries.clear()
             self.pending.clear()
             meta["prev_above"] = None
-        fresh = []
-        for r in rows:
-            if r["event_time"] and r["role"] != "routed" and watermark > 0 and r["ts_ms"] < watermark:
-                yield _out("dead", rule, _to_row(r), reason=f"late event: older than the job watermark ({watermark} ms)")
-            else:
-                fresh.append(r)
         fresh.sort(key=lambda r: (r["ts_ms"], r["seq"]))
         if isinstance(rule, VelocityRule):
-            state = VelocityState(self._list(self.entries), meta["prev_above"])
+            window = self._list(self.entries)
             new = [_to_row(r) for r in fresh]
-            emits = velocity_step(rule, state, new)
+            emits, meta["prev_above"] = _ref_velocity_step(rule, window, meta["prev_above"], new)
             if new:
                 meta["max_ts"] = max(meta["max_ts"] or new[-1].ts, max(r.ts for r in new))
             horizon = meta["max_ts"] or 0
             if rule.uses_event_time and watermark > 0:
                 horizon = min(horizon, watermark)
-            evict_window(state, rule, horizon)
-            meta["prev_above"] = state.prev_above
-            self._store(self.entries, [Row(e.ts, e.seq, e.num, e.jv) for e in state.window])
+            window = _ref_evict(window, rule, horizon)
+            self._store(self.entries, [Row(e.ts, e.seq, e.num, e.jv) for e in window])
             if rule.uses_event_time and meta["max_ts"] is not None:
                 self._schedule(meta, meta["max_ts"] + rule.window_ms + int(rule.watermark_delay * 1000))
-            for e in emits:
-                yield _out("detection" if rule.emit_to_sink else "routed", rule, e.row, e)
+            kind = "detection" if rule.emit_to_sink else "routed"
+            for row, agg in emits:
+                yield _out(kind, rule, row, Emit(row, agg_value=agg))
         else:
             assert isinstance(rule, CorrelationRule)
             state = CorrelationState(self._list(self.entries), self._list(self.pending))
@@ -127,11 +198,55 @@ class PerKeyProcessor(StatefulProcessor):
         meta["version"], meta["signature"] = rule.version, sig
         self.meta.update(tuple(meta[k] for k in ("version", "signature", "prev_above", "max_ts", "timer")))
 
-    def handleExpiredTimer(self, key: Any, timerValues: Any, expiredTimerInfo: Any) -> Iterator[SparkRow]:
+    def handleExpiredTimer(self, key: Any, timerValues: Any, expiredTimerInfo: Any) -> Iterator[tuple]:
         self.entries.clear()
         self.pending.clear()
         self.meta.clear()
         return iter(())
+
+
+# ------------------------------------------------------------------ Spark's way in and out
+
+# The operator's input as job.py builds it (grouped by rule_id and bucket).
+_IN_SCHEMA = pa.schema([
+    ("rule_id", pa.string()), ("k", pa.string()), ("role", pa.string()), ("rule_json", pa.string()),
+    ("event_time", pa.bool_()), ("ts_ms", pa.int64()), ("seq", pa.int64()), ("topic", pa.string()),
+    ("raw", pa.string()), ("num", pa.float64()), ("jv", pa.string()), ("bucket", pa.int32()),
+])
+
+
+def _worker_groups(rows: list[dict], max_records: int) -> Iterator[tuple[Any, Iterator[pd.DataFrame]]]:
+    """The micro-batch's rows as the Python worker hands them to transformWithStateInPandas:
+    one Arrow batch sorted by the grouping key, read by pyspark's serializer into
+    per-group DataFrames of at most `max_records` rows."""
+    rows = sorted(rows, key=lambda r: (r["rule_id"], r["bucket"]))
+    buf = io.BytesIO()
+    with pa.ipc.new_stream(buf, _IN_SCHEMA) as w:
+        w.write_batch(pa.RecordBatch.from_pylist(rows, schema=_IN_SCHEMA))
+    buf.seek(0)
+    ser = TransformWithStateInPandasSerializer(
+        timezone="UTC", safecheck=True, assign_cols_by_name=True, prefer_int_ext_dtype=False,
+        arrow_max_records_per_batch=max_records, arrow_max_bytes_per_batch=2**31 - 1,
+        int_to_decimal_coercion_enabled=False,
+    )
+    ser.key_offsets = [_IN_SCHEMA.names.index("rule_id"), _IN_SCHEMA.names.index("bucket")]
+    for mode, key, group in ser.load_stream(buf):
+        if mode == TransformWithStateInPandasFuncMode.PROCESS_DATA:
+            yield key, (df for _, df in group)
+
+
+def _spark_reads(frames: Any) -> list[tuple]:
+    """Output DataFrames as the JVM receives them (pandas -> Arrow with OUTPUT_SCHEMA)."""
+    if isinstance(frames, pd.DataFrame):
+        frames = [frames]
+    out = []
+    for df in frames:
+        if len(df.columns) == 0:
+            continue
+        batch = PandasToArrowConversion.convert(df, OUTPUT_SCHEMA, timezone="UTC", safecheck=True, arrow_cast=True,
+                                                assign_cols_by_name=True)
+        out += [tuple(d.values()) for d in batch.to_pylist()]
+    return out
 
 
 # ------------------------------------------------------------------ the comparison
@@ -145,10 +260,17 @@ VELOCITY = [
     {"rule_id": "v_sum", "version": "1", "rule_type": "velocity", "source_topic": "t", "group_by": "user",
      "window_size": 8, "window_unit": "seconds", "aggregation_type": "sum", "aggregation_field": "amount",
      "threshold": 60, "time_mode": "event_time", "timestamp_field": "ts", "watermark_delay": 2},
+    {"rule_id": "v_avg", "version": "1", "rule_type": "velocity", "source_topic": "t", "group_by": "user",
+     "window_size": 8, "window_unit": "seconds", "aggregation_type": "avg", "aggregation_field": "amount",
+     "threshold": 41.3, "time_mode": "event_time", "timestamp_field": "ts", "watermark_delay": 2,
+     "emit_mode": "all_events"},
     {"rule_id": "v_max", "version": "1", "rule_type": "velocity", "source_topic": "t", "group_by": "user",
      "window_size": 4, "window_unit": "seconds", "aggregation_type": "max", "aggregation_field": "amount",
      "threshold": 50, "time_mode": "event_time", "timestamp_field": "ts", "watermark_delay": 1,
      "emit_mode": "all_events"},
+    {"rule_id": "v_min", "version": "1", "rule_type": "velocity", "source_topic": "t", "group_by": "user",
+     "window_size": 5, "window_unit": "seconds", "aggregation_type": "min", "aggregation_field": "amount",
+     "threshold": 20, "time_mode": "event_time", "timestamp_field": "ts", "watermark_delay": 1},
     {"rule_id": "v_distinct", "version": "1", "rule_type": "velocity", "source_topic": "t", "group_by": "user",
      "window_size": 6, "window_unit": "seconds", "aggregation_type": "distinct_count", "aggregation_field": "m",
      "threshold": 2, "time_mode": "event_time", "timestamp_field": "ts", "watermark_delay": 2},
@@ -165,9 +287,9 @@ CORRELATION = [
 ]
 
 
-def _batches(rule: dict, rnd: random.Random, n_batches: int, keys: list[str]) -> list[tuple[int, list[SparkRow]]]:
+def _batches(rule: dict, rnd: random.Random, n_batches: int, keys: list[str]) -> list[tuple[int, list[dict]]]:
     """(watermark, rows) per micro-batch: bursts, gaps longer than a window (expiry),
-    out-of-order and late rows."""
+    out-of-order, late rows and rows without a timestamp."""
     rule_json = json.dumps(parse_rule(rule).model_dump(mode="json"))
     corr = rule["rule_type"] == "correlation"
     out, now, seq, max_seen = [], BASE, 0, 0
@@ -179,42 +301,67 @@ def _batches(rule: dict, rnd: random.Random, n_batches: int, keys: list[str]) ->
             ts = now - rnd.choice([0, 0, 0, 200, 900, 3000, 9000])
             seq += 1
             role = "context" if corr and rnd.random() < 0.4 else "primary"
-            num = rnd.choice([1.0, 1.01, 1.05, 1.1]) if corr else float(rnd.choice([5, 20, 40, 65, 70]))
-            rows.append(SparkRow(rule_id=rule["rule_id"], k=k, role=role, rule_json=rule_json, event_time=True,
-                                 ts_ms=ts, seq=seq, topic="ctx" if role == "context" else "t",
-                                 raw=json.dumps({"k": k, "seq": seq}), num=num, jv=json.dumps(f"m{rnd.randrange(4)}")))
+            num = rnd.choice([1.0, 1.01, 1.05, 1.1]) if corr else rnd.choice([5.0, 20.0, 40.0, 65.0, 70.0, 0.1, 1e16, -1e16])
+            rows.append(dict(rule_id=rule["rule_id"], k=k, role=role, rule_json=rule_json, event_time=True,
+                             ts_ms=None if rnd.random() < 0.03 else ts, seq=seq,
+                             topic="ctx" if role == "context" else "t", raw=json.dumps({"k": k, "seq": seq}),
+                             num=num, jv=json.dumps(f"m{rnd.randrange(4)}")))
         watermark = max(0, max_seen - 2000)  # the batch's watermark: from earlier batches
-        max_seen = max([max_seen, *[r["ts_ms"] for r in rows]])
+        max_seen = max([max_seen, *[r["ts_ms"] for r in rows if r["ts_ms"] is not None]])
         out.append((watermark, rows))
     return out
 
 
-def _run(processor: StatefulProcessor, batches: list[tuple[int, list[SparkRow]]], key_of) -> list[Counter]:
-    tester = TwsTester(processor, timeMode="EventTime", eventTimeExtractor=lambda r: 1 << 62)
+def _run_reference(batches: list[tuple[int, list[dict]]]) -> list[Counter]:
+    tester = TwsTester(PerKeyProcessor(), timeMode="EventTime", eventTimeExtractor=lambda r: 1 << 62)
     results = []
     for watermark, rows in batches:
         tester._currentWatermarkMs = watermark  # the batch's watermark; timers fire after its data
         groups: dict[Any, list[SparkRow]] = {}
         for r in rows:
-            groups.setdefault(key_of(r), []).append(r)
+            groups.setdefault((r["rule_id"], r["k"]), []).append(SparkRow(**r))
         got = []
         for key, group in groups.items():
             got += tester.test(key, group)
         got += tester._handleExpiredTimers()
-        results.append(Counter(tuple(r) for r in got))
+        results.append(Counter(got))
+    return results
+
+
+def _run_pandas(batches: list[tuple[int, list[dict]]], buckets: int, max_records: int) -> list[Counter]:
+    proc = DetectionProcessor()
+    tester = TwsTester(proc, timeMode="EventTime", eventTimeExtractor=lambda r: 1 << 62)
+    results = []
+    for watermark, rows in batches:
+        tester._currentWatermarkMs = watermark
+        got = []
+        if rows:
+            bucketed = [{**r, "bucket": hash(r["k"]) % buckets} for r in rows]
+            for key, frames in _worker_groups(bucketed, max_records):
+                tester.handle.setGroupingKey(key)
+                got += _spark_reads(proc.handleInputRows(key, frames, tester._getTimerValues()))
+        got += _spark_reads(tester._handleExpiredTimers())
+        results.append(Counter(got))
     return results
 
 
 @pytest.mark.parametrize("rule", VELOCITY + CORRELATION, ids=lambda r: r["rule_id"])
-@pytest.mark.parametrize("buckets", [1, 3])
-def test_bucketed_processor_equals_the_per_key_processor(rule, buckets):
+@pytest.mark.parametrize(("buckets", "max_records"), [(1, 10_000), (3, 10_000), (2, 3)])
+def test_bucketed_processor_equals_the_per_key_processor(rule, buckets, max_records):
     rnd = random.Random(f"{rule['rule_id']}-{buckets}")
     keys = [f"u{i}" for i in range(12)]
     batches = _batches(rule, rnd, 150, keys)
-    expected = _run(PerKeyProcessor(), batches, lambda r: (r["rule_id"], r["k"]))
-    got = _run(DetectionProcessor(), batches, lambda r: (r["rule_id"], hash(r["k"]) % buckets))
+    expected = _run_reference(batches)
+    got = _run_pandas(batches, buckets, max_records)
     assert got == expected
-    assert sum(map(len, expected)) > 0
+    assert sum(n for c in expected for k, n in c.items() if k[0] != "dead") > 0
+    assert any(k[0] == "dead" and k[7] is None for c in expected for k in c)  # no timestamp
+    assert any(k[0] == "dead" and k[7] is not None for c in expected for k in c)  # late
+
+
+def _bucket_keys(tester: TwsTester, key: tuple) -> dict:
+    v = tester.peekValueState("bucket", key)
+    return pickle.loads(v[1]) if v and v[1] else {}
 
 
 def test_bucket_state_is_forgotten_when_every_key_expired():
@@ -225,46 +372,155 @@ def test_bucket_state_is_forgotten_when_every_key_expired():
     for watermark, rows in batches:
         tester._currentWatermarkMs = watermark
         if rows:
-            tester.test(("v_count", 0), rows)
+            tester.testInPandas(("v_count", 0), pd.DataFrame(rows))
         tester._handleExpiredTimers()
-    assert tester.peekMapState("keys", ("v_count", 0))
+    assert _bucket_keys(tester, ("v_count", 0))
     tester.setWatermark(BASE + 10**9)
-    assert not tester.peekMapState("keys", ("v_count", 0))
     assert tester.peekValueState("bucket", ("v_count", 0)) is None
     assert not list(tester.handle._timers.listTimers(("v_count", 0)))
-
-
-@pytest.mark.parametrize("seed", range(5))
-def test_count_by_bisection_equals_the_window_filter(seed):
-    rnd = random.Random(seed)
-    rule = parse_rule({**VELOCITY[0], "emit_mode": rnd.choice(["all_events", "last_event"])})
-    state = VelocityState([Row(BASE + rnd.randrange(20_000), i) for i in range(rnd.randrange(30))], rnd.choice([None, True]))
-    ref = VelocityState(list(state.window), state.prev_above)
-    rows = sorted((Row(BASE + rnd.randrange(30_000), 100 + i) for i in range(40)), key=lambda r: (r.ts, r.seq))
-    emits = velocity_step(rule, state, rows)
-    expected = []
-    for row in rows:  # the definition: filter the window at each event
-        ref.window.append(row)
-        agg = _aggregate("count", [e for e in ref.window if row.ts - rule.window_ms < e.ts <= row.ts])
-        above = agg >= float(rule.threshold)
-        if above and (rule.emit_mode == "all_events" or not ref.prev_above):
-            expected.append((row.seq, agg))
-        ref.prev_above = above
-    assert [(e.row.seq, e.agg_value) for e in emits] == expected
-    assert state.prev_above == ref.prev_above and state.window == ref.window
 
 
 def test_rows_without_a_timestamp_are_dead_letters_and_touch_no_state():
     rule = VELOCITY[0]
     rule_json = json.dumps(parse_rule(rule).model_dump(mode="json"))
 
-    def row(k: str, ts: int | None, seq: int) -> SparkRow:
-        return SparkRow(rule_id="v_count", k=k, role="primary", rule_json=rule_json, event_time=True, ts_ms=ts,
-                        seq=seq, topic="t", raw=f'{{"seq": {seq}}}', num=None, jv=None)
+    def row(k: str, ts: int | None, seq: int) -> dict:
+        return dict(rule_id="v_count", k=k, role="primary", rule_json=rule_json, event_time=True, ts_ms=ts,
+                    seq=seq, topic="t", raw=f'{{"seq": {seq}}}', num=None, jv=None)
 
     tester = TwsTester(DetectionProcessor(), timeMode="EventTime", eventTimeExtractor=lambda r: 1 << 62)
-    got = tester.test(("v_count", 0), [row("a", None, 1), row("b", BASE, 2), row("b", None, 3)])
-    dead = sorted((r["seq"], r["reason"]) for r in got if r["kind"] == "dead")
+    # As pandas has it: ts_ms float64 with NaN for the nulls, num all NaN, jv all None.
+    got = _spark_reads(tester.testInPandas(("v_count", 0),
+                                           pd.DataFrame([row("a", None, 1), row("b", BASE, 2), row("b", None, 3)])))
+    names = OUTPUT_SCHEMA.names
+    dead = sorted((r[names.index("seq")], r[names.index("ts_ms")], r[names.index("reason")])
+                  for r in got if r[0] == "dead")
     reason = "missing or unparseable timestamp needed by velocity rule"
-    assert dead == [(1, reason), (3, reason)]
-    assert set(tester.peekMapState("keys", ("v_count", 0))) == {("b",)}
+    assert dead == [(1, None, reason), (3, None, reason)]
+    assert set(_bucket_keys(tester, ("v_count", 0))) == {"b"}
+
+
+# ------------------------------------------------------------------ velocity_step by definition
+
+KINDS = ["count", "sum", "avg", "min", "max", "distinct_count"]
+
+
+def _outcome(f: Any, *args: Any) -> Any:
+    try:
+        return f(*args)
+    except (ValueError, ZeroDivisionError, OverflowError) as e:
+        return type(e).__name__
+
+
+@pytest.mark.parametrize(("kind", "slide_from"), [("count", 0)] + [(k, x) for k in KINDS[1:] for x in (0, 10**9)])
+@pytest.mark.parametrize("seed", range(6))
+def test_velocity_step_equals_the_window_filter(kind, slide_from, seed, monkeypatch):
+    """Bisection over the sorted window gives what filtering it per event gives, exact
+    sums included (values that cancel, big and small), across batches whose rows fall
+    before, among and after the stored ones, with eviction between batches; by slices
+    per event and by sliding ranges / reduceat (slide_from=0, the path for many values)."""
+    monkeypatch.setattr(keyed_logic, "_SLIDE_FROM", slide_from)
+    rnd = random.Random(f"{kind}-{seed}")
+    spec = {**VELOCITY[0], "aggregation_type": kind, "window_size": rnd.choice([1, 3, 10]),
+            "threshold": rnd.choice([2, 50, 100.5]), "emit_mode": rnd.choice(["all_events", "last_event"])}
+    if kind != "count":
+        spec["aggregation_field"] = "a"
+    rule = parse_rule(spec)
+    values = [0.1, 0.2, 0.3, 1.0, 7.0, 3.3333, 2.5e-8, 1e16, -1e16, 123456.789]
+    with_none = kind in ("count", "distinct_count") or seed == 5
+    prev = rnd.choice([None, True, False])
+    window: list[Row] = []
+    state = VelocityState.of([], prev)
+    seq = 0
+    for _ in range(6):
+        rows = []
+        for _ in range(rnd.choice([0, 1, 5, 40, 150])):
+            seq += 1
+            num = None if with_none and rnd.random() < 0.2 else rnd.choice(values)
+            rows.append(Row(BASE + rnd.randrange(30_000), seq, num, rnd.choice(['"a"', '"b"', "1", None])))
+        rows.sort(key=lambda r: (r.ts, r.seq))
+        expected = _outcome(_ref_velocity_step, rule, window, prev, rows)
+        got = _outcome(velocity_step, rule, state, rows)
+        if isinstance(expected, str):
+            assert got == expected
+            return
+        emits, prev = expected
+        assert [(e.row.seq, e.agg_value) for e in got] == [(r.seq, agg) for r, agg in emits]
+        assert state.prev_above == prev
+        horizon = BASE + rnd.randrange(30_000)
+        window = _ref_evict(window, rule, horizon)
+        evict_window(state, rule, horizon)
+        key = lambda e: (e[0], -1.0 if e[1] is None else e[1], str(e[2]))  # noqa: E731
+        assert sorted(state.entries(), key=key) == sorted(((e.ts, e.num, e.jv) for e in window), key=key)
+        assert state.ts == sorted(state.ts)
+
+
+@pytest.mark.parametrize("values", [[1e308, 1e308, -1e308], [float("inf"), 1.0], [float("inf"), float("-inf")],
+                                    [1e300, 3.0, -1e300], [1e299, 3.0, -1e299]])
+@pytest.mark.parametrize("slide_from", [0, 10**9])
+def test_window_sums_of_huge_values_are_the_definition(values, slide_from, monkeypatch):
+    monkeypatch.setattr(keyed_logic, "_SLIDE_FROM", slide_from)
+    rule = parse_rule({**VELOCITY[1], "threshold": 0})
+    rows = [Row(BASE + i, i, v) for i, v in enumerate(values)]
+    expected = _outcome(lambda: [agg for _, agg in _ref_velocity_step(rule, [], None, rows)[0]])
+    got = _outcome(lambda: [e.agg_value for e in velocity_step(rule, VelocityState(), rows)])
+    assert repr(got) == repr(expected)
+
+
+def test_velocity_step_needs_rows_sorted_by_time():
+    with pytest.raises(ValueError, match="sorted"):
+        velocity_step(parse_rule(VELOCITY[0]), VelocityState(), [Row(BASE + 1, 1), Row(BASE, 2)])
+
+
+# ------------------------------------------------------------------ stored forms, columns, output
+
+
+@pytest.mark.parametrize("texts", [['"a"', "1", '{"x": [1, 2]}'], [""], ["", ""], ['"é\\u0000"', "null"],
+                                   ['"a"', None], ["a\x00b", "c"], [None], [None, None]])
+def test_texts_round_trip(texts):
+    assert _load_texts(_dump_texts(texts), len(texts)) == texts
+    assert _load_texts(bytearray(_dump_texts(texts)), len(texts)) == texts  # as the state server may hand it back
+
+
+@pytest.mark.parametrize("rows", [
+    [Row(BASE, 1, 1.5, '"a"', '{"k": 1}', "ctx"), Row(BASE + 1, 2, None, None, "", "")],
+    [Row(BASE, 1, None, None, "{}", "t")],
+    [Row(BASE, 1, float("inf"), "1", "a\x00b", "t"), Row(BASE - 5, 9, -0.5, '"é"', "{}", "t")],
+    [Row(None, 1, 2.0, None, "{}", "t")],  # type: ignore[arg-type]
+])
+def test_buffer_rows_round_trip(rows):
+    for b in (_dump_rows(rows), bytearray(_dump_rows(rows) or b"")):
+        assert _load_rows(b) == rows
+    assert _dump_rows([]) is None and _load_rows(None) == []
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_window_round_trip(kind):
+    state = VelocityState.of([Row(BASE + 5, 1, 2.5, '"a"'), Row(BASE, 2, None, None), Row(BASE + 5, 3, -1.0, "7")], True)
+    t, n, j = _dump_window(state, kind)
+    back = _load_window(*(bytearray(x) if x is not None else None for x in (t, n, j)), True)
+    assert back.ts == state.ts and back.prev_above is True
+    if kind in ("sum", "avg", "min", "max"):
+        assert [x for _, x, _ in back.entries()] == [x for _, x, _ in state.entries()]
+    if kind == "distinct_count":
+        assert back.jv == state.jv
+    assert _dump_window(VelocityState(), kind) == (None, None, None)
+    assert _load_window(None, None, None, None).ts == []
+
+
+def test_columns_come_back_with_nulls_and_python_types():
+    assert _column(pd.Series([1.0, np.nan, 3.0]), "int") == [1, None, 3]
+    assert all(type(v) is int for v in _column(pd.Series([1.0, 2.0]), "int"))
+    assert _column(pd.Series([1, None, 3], dtype="Int64"), "int") == [1, None, 3]
+    assert _column(pd.Series([1.5, np.nan]), "float") == [1.5, None]
+    assert _column(pd.Series(["a", None, np.nan], dtype=object), "obj") == ["a", None, None]
+    assert _column(pd.Series([True, None], dtype=object), "obj") == [True, None]
+    assert _column(pd.Series([True, False]), "obj") == [True, False]
+
+
+def test_output_frame_gives_spark_nulls_not_nans():
+    rule, _ = _rule(json.dumps(parse_rule(VELOCITY[0]).model_dump(mode="json")))
+    rows = [_out("dead", rule, Row(None, 7, raw="{}", topic="t"), reason="x"),  # type: ignore[arg-type]
+            _out("detection", rule, Row(BASE, 8, raw="{}", topic="t"), Emit(Row(BASE, 8), agg_value=3.0))]
+    assert _spark_reads(_frame(rows)) == rows
+    assert _spark_reads(_frame(rows))[0][OUTPUT_SCHEMA.names.index("ts_ms")] is None
