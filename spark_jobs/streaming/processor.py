@@ -71,27 +71,18 @@ from spark_jobs.streaming.keyed_logic import (
     velocity_step,
 )
 
-# One key's state. A velocity window is columns of bytes, sorted by time (`t`: int64
-# times, `n`: float64 values with NaN for none, `j`: the values' JSON text, see
-# `_dump_texts`), only those its aggregation reads; all null when the window is empty.
-# The correlation buffers (context records, held primaries) are rows in columns of
-# bytes too (`_dump_rows`).
-KEY_STATE_SCHEMA = StructType([
-    StructField("version", StringType()),
-    StructField("signature", StringType()),
-    StructField("prev_above", BooleanType()),
-    StructField("max_ts", LongType()),
-    StructField("expiry", LongType()),
-    StructField("t", BinaryType()),
-    StructField("n", BinaryType()),
-    StructField("j", BinaryType()),
-    StructField("context", BinaryType()),
-    StructField("pending", BinaryType()),
-])
-VERSION, SIGNATURE, PREV_ABOVE, MAX_TS, EXPIRY, T, N, J, CONTEXT, PENDING = range(len(KEY_STATE_SCHEMA))
+# One key's state, a tuple of these fields (inside the bucket's pickled value, not a
+# Spark schema): rule version and signature (str), last crossing flag (bool), newest
+# event time and expiry (int, ms), and bytes. A velocity window is columns of bytes,
+# sorted by time (`t`: int64 times, `n`: float64 values with NaN for none, `j`: the
+# values' JSON text, see `_dump_texts`), only those its aggregation reads; all None when
+# the window is empty. The correlation buffers (context records, held primaries) are
+# rows in columns of bytes too (`_dump_rows`).
+KEY_STATE_FIELDS = ("version", "signature", "prev_above", "max_ts", "expiry", "t", "n", "j", "context", "pending")
+VERSION, SIGNATURE, PREV_ABOVE, MAX_TS, EXPIRY, T, N, J, CONTEXT, PENDING = range(len(KEY_STATE_FIELDS))
 # A bucket's whole state, read and written once per micro-batch: its timer and its
-# keys, {key: tuple in KEY_STATE_SCHEMA's order} pickled (builtins only: str, int,
-# bool, bytes, None). See the module docstring for why not a MapState.
+# keys, {key: tuple of KEY_STATE_FIELDS} pickled (builtins only: str, int, bool,
+# bytes, None). See the module docstring for why not a MapState.
 BUCKET_SCHEMA = StructType([StructField("timer", LongType()), StructField("keys", BinaryType())])
 
 OUTPUT_SCHEMA = StructType([
@@ -395,7 +386,7 @@ class DetectionProcessor(StatefulProcessor):
             return None
         fresh.sort(key=lambda r: (r[TS], r[SEQ]))
 
-        stored: list[Any] = [None] * len(KEY_STATE_SCHEMA) if v is None else list(v)
+        stored: list[Any] = [None] * len(KEY_STATE_FIELDS) if v is None else list(v)
         if stored[SIGNATURE] is not None and stored[SIGNATURE] != sig:
             stored[T] = stored[N] = stored[J] = stored[CONTEXT] = stored[PENDING] = None
             stored[PREV_ABOVE] = None
