@@ -51,26 +51,40 @@ def json_text(x: Column) -> Column:
     return F.to_json(x)
 
 
-def _kind(text: Column) -> Column:
-    return F.substring(text, 1, 1)
+def _text_kinds(text: Column) -> tuple[Column, Column]:
+    """(is a string, is a number) from a value's JSON text."""
+    first = F.substring(text, 1, 1)
+    return first == F.lit('"'), first.between(F.lit("0"), F.lit("9")) | (first == F.lit("-"))
 
 
-def as_string(x: Column, text: Column | None = None) -> Column:
-    """The string, when the value is a JSON string; else NULL. `text`: the value's
-    JSON text when the caller already has it."""
-    text = json_text(x) if text is None else text
-    return F.when(_kind(text) == F.lit('"'), F.try_variant_get(x, "$", "string"))
+def _type_kinds(type_name: Column) -> tuple[Column, Column]:
+    """(is a string, is a number) from a value's `schema_of_variant`: a cheaper test
+    than rendering the value as JSON, for fields whose JSON text nothing reads."""
+    number = type_name.isin("BIGINT", "INT", "SMALLINT", "TINYINT", "DOUBLE", "FLOAT") | type_name.startswith("DECIMAL")
+    return type_name == F.lit("STRING"), number
 
 
-def as_number(x: Column, text: Column | None = None, string: Column | None = None) -> Column:
-    """A JSON number, or a numeric string, as DOUBLE; NULL for anything else (booleans
-    too). `text`, `string`: the value's JSON text and `as_string` when already known."""
-    kind = _kind(json_text(x) if text is None else text)
-    s = F.try_variant_get(x, "$", "string") if string is None else string
+def _string_if(x: Column, is_string: Column) -> Column:
+    return F.when(is_string, F.try_variant_get(x, "$", "string"))
+
+
+def _number_if(x: Column, is_string: Column, is_number: Column, string: Column) -> Column:
+    """A JSON number, or a numeric string (`string`: the value as `as_string`), as DOUBLE."""
     return (
-        F.when(((kind >= F.lit("0")) & (kind <= F.lit("9"))) | (kind == F.lit("-")), F.try_variant_get(x, "$", "double"))
-        .when((kind == F.lit('"')) & s.rlike(NUMERIC_RE), F.trim(s).try_cast("double"))
+        F.when(is_number, F.try_variant_get(x, "$", "double"))
+        .when(is_string & string.rlike(NUMERIC_RE), F.trim(string).try_cast("double"))
     )
+
+
+def as_string(x: Column) -> Column:
+    """The string, when the value is a JSON string; else NULL."""
+    return _string_if(x, _text_kinds(json_text(x))[0])
+
+
+def as_number(x: Column) -> Column:
+    """A JSON number, or a numeric string, as DOUBLE; NULL for anything else (booleans too)."""
+    is_string, is_number = _text_kinds(json_text(x))
+    return _number_if(x, is_string, is_number, F.try_variant_get(x, "$", "string"))
 
 
 def epoch_to_ms(d: Column) -> Column:
@@ -143,12 +157,6 @@ class Fields:
         return self.times[path]
 
 
-def rule_paths(rules: Iterable[AnyRule]) -> tuple[set[str], set[str]]:
-    """(value paths, timestamp paths) that `rules` read."""
-    needs, times = field_needs(rules)
-    return set(needs), times
-
-
 def field_needs(rules: Iterable[AnyRule]) -> tuple[dict[str, set[str]], set[str]]:
     """Which forms (`json`, `num`, `str`) of each value path `rules` read, and the
     timestamp paths. Each form costs a conversion per event, and most paths need one:
@@ -184,12 +192,6 @@ def field_needs(rules: Iterable[AnyRule]) -> tuple[dict[str, set[str]], set[str]
     return needs, times
 
 
-def _kind_of(x: Column) -> Column:
-    """The type of a VARIANT value (STRING, BIGINT, DECIMAL(5,2), BOOLEAN, ...): a
-    cheaper test of "is it a string / a number" than rendering the value as JSON."""
-    return F.schema_of_variant(x)
-
-
 def extract_fields(
     df: DataFrame, rules: Iterable[AnyRule], time_paths: Iterable[str] = (), v: Column | None = None
 ) -> tuple[DataFrame, Fields]:
@@ -213,27 +215,13 @@ def extract_fields(
         if "json" in needs[p]:
             step2.append(F.when(present, json_text(x[p])).alias(col[p]["json"]))
         elif needs[p] & {"num", "str"}:
-            step2.append(F.when(present, _kind_of(x[p])).alias(col[p]["kind"]))
-    step3: list[Column] = []
-    for p in paths:
-        if not needs[p] & {"num", "str"}:
-            continue
-        if "json" in needs[p]:
-            is_string = _kind(F.col(col[p]["json"])) == F.lit('"')
-            is_number = _kind(F.col(col[p]["json"])).between(F.lit("0"), F.lit("9")) | (
-                _kind(F.col(col[p]["json"])) == F.lit("-"))
-        else:
-            kind = F.col(col[p]["kind"])
-            is_string = kind == F.lit("STRING")
-            is_number = kind.isin("BIGINT", "INT", "SMALLINT", "TINYINT", "DOUBLE", "FLOAT") | kind.startswith("DECIMAL")
-        step3.append(F.when(is_string, F.try_variant_get(x[p], "$", "string")).alias(col[p]["str"]))
-        step3.append(F.when(is_number, F.try_variant_get(x[p], "$", "double")).alias(f"{col[p]['num']}_n"))
-    step4: list[Column] = []
-    for p in paths:
-        if "num" in needs[p]:
-            s = F.col(col[p]["str"])
-            step4.append(F.coalesce(F.col(f"{col[p]['num']}_n"), F.when(s.rlike(NUMERIC_RE), F.trim(s).try_cast("double")))
-                         .alias(col[p]["num"]))
+            step2.append(F.when(present, F.schema_of_variant(x[p])).alias(col[p]["kind"]))
+
+    def kinds(p: str) -> tuple[Column, Column]:
+        return _text_kinds(F.col(col[p]["json"])) if "json" in needs[p] else _type_kinds(F.col(col[p]["kind"]))
+
+    step3 = [_string_if(x[p], kinds(p)[0]).alias(col[p]["str"]) for p in paths if needs[p] & {"num", "str"}]
+    step4 = [_number_if(x[p], *kinds(p), F.col(col[p]["str"])).alias(col[p]["num"]) for p in paths if "num" in needs[p]]
     out = df
     for step in (step1, step2, step3, step4):
         if step:
