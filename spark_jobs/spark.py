@@ -14,6 +14,13 @@ from pyspark.sql import SparkSession
 
 DEFAULT_MASTER = "local[2]"
 
+# HotSpot leaves methods over 8000 bytes of bytecode to its interpreter, and Spark's
+# generated code for a rule set is that big: fifty rules in one projection, or a
+# condition shipped as data with every operator's branch, compile to one method of
+# 14 kB or more. Interpreted, such a stage ran 3-5x slower (JFR: most samples in
+# `generate_doConsume_0`). This lets the JIT compile them.
+JVM_OPTIONS = "-XX:-DontCompileHugeMethods"
+
 
 def session(app_name: str, master: str | None = None, shuffle_partitions: int = 2, extra: dict | None = None) -> SparkSession:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -39,6 +46,9 @@ def session(app_name: str, master: str | None = None, shuffle_partitions: int = 
         "spark.python.sql.dataFrameDebugging.enabled": "false",
     }
     conf.update(extra or {})
+    for side in ("driver", "executor"):
+        key = f"spark.{side}.extraJavaOptions"
+        conf[key] = f"{JVM_OPTIONS} {conf.get(key, '')}".strip()
     for k, v in conf.items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()

@@ -50,6 +50,35 @@ def consume_latencies(bootstrap: str, stop: threading.Event, out: list[float]) -
     c.close()
 
 
+def produce_events(bootstrap: str, rate: int, seconds: int, users: int) -> float:
+    """`rate` events/s for `seconds` on events.raw (event time and `sent_ms` = now), and a
+    context record per pair every 5000 events; returns the seconds it took."""
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.num.messages": 10000})
+    rnd = random.Random(1)
+    types = ["purchase", "click", "view", "transfer"]
+    pairs = ["EURUSD", "GBPUSD", "USDJPY", "AUDUSD"]
+    total = rate * seconds
+    start = time.time()
+    for i in range(total):
+        if i % 1000 == 0:
+            ahead = i / rate - (time.time() - start)
+            if ahead > 0:
+                time.sleep(ahead)
+        now = int(time.time() * 1000)
+        ev = {"event_id": i, "type": types[rnd.randrange(4)], "user_id": f"u{rnd.randrange(users)}",
+              "amount": rnd.randrange(1000), "merchant": f"m{rnd.randrange(50)}", "ts": now, "sent_ms": now}
+        if i % 10 == 0:
+            ev["currency_pair"] = pairs[rnd.randrange(4)]
+            ev["implied_rate"] = round(1 + rnd.random() * 0.1, 4)
+        p.produce("events.raw", value=json.dumps(ev, separators=(",", ":")).encode())
+        if i % 5000 == 0:
+            for pair in pairs:
+                p.produce("context.raw", value=json.dumps({"currency_pair": pair, "rate": 1.04, "ts": now}).encode())
+        p.poll(0)
+    p.flush(60)
+    return time.time() - start
+
+
 def sample_batches(job: DetectJob, stop: threading.Event, out: dict[int, dict]) -> None:
     """Each micro-batch's size and time breakdown, from the job's status file."""
     while not stop.is_set():
@@ -95,30 +124,9 @@ def main() -> None:
         batches: dict[int, dict] = {}
         sampler = threading.Thread(target=sample_batches, args=(job, stop, batches), daemon=True)
         sampler.start()
-        p = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 20, "batch.num.messages": 10000})
-        rnd = random.Random(1)
-        types = ["purchase", "click", "view", "transfer"]
-        pairs = ["EURUSD", "GBPUSD", "USDJPY", "AUDUSD"]
         total = args.rate * args.seconds
         start = time.time()
-        for i in range(total):
-            if i % 1000 == 0:
-                ahead = i / args.rate - (time.time() - start)
-                if ahead > 0:
-                    time.sleep(ahead)
-            now = int(time.time() * 1000)
-            ev = {"event_id": i, "type": types[rnd.randrange(4)], "user_id": f"u{rnd.randrange(args.users)}",
-                  "amount": rnd.randrange(1000), "merchant": f"m{rnd.randrange(50)}", "ts": now, "sent_ms": now}
-            if i % 10 == 0:
-                ev["currency_pair"] = pairs[rnd.randrange(4)]
-                ev["implied_rate"] = round(1 + rnd.random() * 0.1, 4)
-            p.produce("events.raw", value=json.dumps(ev, separators=(",", ":")).encode())
-            if i % 5000 == 0:
-                for pair in pairs:
-                    p.produce("context.raw", value=json.dumps({"currency_pair": pair, "rate": 1.04, "ts": now}).encode())
-            p.poll(0)
-        p.flush(60)
-        produced_s = time.time() - start
+        produced_s = produce_events(broker.bootstrap, args.rate, args.seconds, args.users)
         produced_at = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(time.time() + 1))
         # Caught up: a batch that started after the last produce, and nothing left behind.
         job.wait_for(lambda s: (s.get("last_batch_time") or "") > produced_at and s.get("lag") == 0, timeout=args.timeout)

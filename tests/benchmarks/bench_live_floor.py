@@ -1,0 +1,132 @@
+"""The floor under the live job: the same plumbing with no rules at all.
+
+    python tests/benchmarks/bench_live_floor.py [--rate 20000] [--seconds 30] [--stateful]
+
+What the detection job cannot avoid on this machine, measured the way bench_detect.py
+measures the job (same producer, same latency from produce to the record on the sink
+topic): the `kafka_py` source (no JVM connector here, DESIGN.md), the JSON parse into
+VARIANT and one field read, and the Kafka sink, with every event written back. With
+`--stateful` every event also passes through a transformWithStateInPandas operator
+grouped by a bucket of its user (one ValueState per bucket, one get and update per
+call, every row emitted as is): the operator the design puts velocity and correlation
+state in, doing no work of its own. Whatever the job does on top costs more; when this
+floor misses a target, no rule evaluation can meet it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pandas as pd
+
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
+from bench_detect import consume_latencies, produce_events  # noqa: E402
+
+from spark_jobs.kafka.broker import EmbeddedBroker, free_port  # noqa: E402
+
+
+def pass_through_processor():  # noqa: ANN201 - pyspark's StatefulProcessor, imported late
+    from pyspark.sql.streaming import StatefulProcessor
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    class PassThrough(StatefulProcessor):
+        """Counts rows per bucket in state and emits every row unchanged."""
+
+        def init(self, handle) -> None:  # noqa: ANN001
+            self.count = handle.getValueState("n", StructType([StructField("n", LongType())]))
+
+        def handleInputRows(self, key, rows: Iterator[pd.DataFrame], timerValues) -> Iterator[pd.DataFrame]:  # noqa: ANN001, N802
+            n = self.count.get()[0] if self.count.exists() else 0
+            for df in rows:
+                n += len(df)
+                yield df[["value"]]
+            self.count.update((n,))
+
+        def close(self) -> None:
+            pass
+
+    return PassThrough()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rate", type=int, default=20_000)
+    ap.add_argument("--seconds", type=int, default=30)
+    ap.add_argument("--users", type=int, default=2_000)
+    ap.add_argument("--trigger-ms", type=int, default=500)
+    ap.add_argument("--stateful", action="store_true", help="pass every event through transformWithStateInPandas")
+    ap.add_argument("--buckets", type=int, default=32, help="groups of the stateful operator (the job's default)")
+    args = ap.parse_args()
+    from pyspark.sql import functions as F
+
+    from spark_jobs.engine.events import classify
+    from spark_jobs.engine.values import field
+    from spark_jobs.kafka.datasource import read_stream, register, write_stream
+    from spark_jobs.spark import session
+    from spark_jobs.streaming.job import STATE_STORE
+
+    work = Path(tempfile.mkdtemp(prefix="bench-floor-"))
+    with EmbeddedBroker(port=free_port()) as broker:
+        spark = session("live-floor", extra={"spark.sql.streaming.stateStore.providerClass": STATE_STORE})
+        register(spark)
+        raw = read_stream(spark, broker.bootstrap, "events.raw", max_offsets_per_trigger=100_000,
+                          options={"minPartitions": "4"})
+        events = classify(raw.select(F.col("value").cast("string").alias("raw")))
+        out = events.select(F.col("raw").alias("value"), F.to_json(field(F.col("v"), "user_id")).alias("k"))
+        if args.stateful:
+            from pyspark.sql.types import StringType, StructField, StructType
+
+            out = out.withColumn("bucket", F.pmod(F.xxhash64("k"), F.lit(args.buckets)).cast("int")).groupBy(
+                "bucket"
+            ).transformWithStateInPandas(
+                pass_through_processor(), StructType([StructField("value", StringType())]), "Append", "None"
+            )
+        query = (
+            write_stream(out.select("value"), broker.bootstrap, "events.processed")
+            .option("checkpointLocation", str(work / "ckpt"))
+            .trigger(processingTime=f"{args.trigger_ms} milliseconds")
+            .start()
+        )
+        lat: list[float] = []
+        stop = threading.Event()
+        consumer = threading.Thread(target=consume_latencies, args=(broker.bootstrap, stop, lat), daemon=True)
+        consumer.start()
+        # Warm-up, not measured: the first batches with data start the Python workers
+        # and JIT-compile the plan.
+        produce_events(broker.bootstrap, 1000, 2, args.users)
+        while len(lat) < 2000:
+            time.sleep(0.2)
+        time.sleep(2)
+        lat.clear()
+        total = args.rate * args.seconds
+        start = time.time()
+        produced_s = produce_events(broker.bootstrap, args.rate, args.seconds, args.users)
+        while len(lat) < total and time.time() - start < 1800:
+            time.sleep(0.2)
+        done_s = time.time() - start
+        stop.set()
+        consumer.join(5)
+        query.stop()
+        spark.stop()
+    lat.sort()
+    print(f"machine: {platform.machine()} {os.cpu_count()} cores, python {platform.python_version()}, Spark local[2], "
+          f"trigger {args.trigger_ms} ms, {'with' if args.stateful else 'without'} a stateful operator")
+    print(f"produced {total} events in {produced_s:.1f}s (target {args.rate}/s); all on the sink after {done_s:.1f}s")
+    print(f"sustained: {total / done_s:,.0f} events/s")
+    if lat:
+        p50 = statistics.median(lat)
+        p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))]
+        print(f"records: {len(lat)}; latency produce->sink p50 {p50 / 1000:.2f}s p99 {p99 / 1000:.2f}s")
+
+
+if __name__ == "__main__":
+    main()
