@@ -91,6 +91,16 @@ def sample_batches(job: DetectJob, stop: threading.Event, out: dict[int, dict]) 
         stop.wait(0.2)
 
 
+def print_rate_and_latency(total: int, done_s: float, lat: list[float], what: str) -> None:
+    """Sustained events/s and the p50/p99 of `lat` (ms from produce to `what` on the sink)."""
+    print(f"sustained: {total / done_s:,.0f} events/s")
+    if lat:
+        lat = sorted(lat)
+        p50 = statistics.median(lat)
+        p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))]
+        print(f"{what}s: {len(lat)}; latency produce->{what} p50 {p50 / 1000:.2f}s p99 {p99 / 1000:.2f}s")
+
+
 def print_batches(batches: dict[int, dict]) -> None:
     busy = [b for b in batches.values() if b["rows"] > 0]
     if not busy:
@@ -135,15 +145,10 @@ def main() -> None:
         stop.set()
         t.join(5)
         job.stop()
-    lat.sort()
     print(f"machine: {platform.machine()} {os.cpu_count()} cores, python {platform.python_version()}, Spark local[2], "
           f"trigger {args.trigger_ms} ms, {args.users} users")
     print(f"produced {total} events in {produced_s:.1f}s (target {args.rate}/s); job caught up after {done_s:.1f}s")
-    print(f"sustained: {total / done_s:,.0f} events/s")
-    if lat:
-        p50 = statistics.median(lat)
-        p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))]
-        print(f"detections: {len(lat)}; latency produce->detection p50 {p50 / 1000:.2f}s p99 {p99 / 1000:.2f}s")
+    print_rate_and_latency(total, done_s, lat, "detection")
     print_batches(batches)
 
 

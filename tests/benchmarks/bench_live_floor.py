@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import statistics
 import sys
 import tempfile
 import threading
@@ -29,7 +28,7 @@ from pathlib import Path
 import pandas as pd
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
-from bench_detect import consume_latencies, produce_events  # noqa: E402
+from bench_detect import consume_latencies, print_rate_and_latency, produce_events  # noqa: E402
 
 from spark_jobs.kafka.broker import EmbeddedBroker, free_port  # noqa: E402
 
@@ -117,15 +116,10 @@ def main() -> None:
         consumer.join(5)
         query.stop()
         spark.stop()
-    lat.sort()
     print(f"machine: {platform.machine()} {os.cpu_count()} cores, python {platform.python_version()}, Spark local[2], "
           f"trigger {args.trigger_ms} ms, {'with' if args.stateful else 'without'} a stateful operator")
     print(f"produced {total} events in {produced_s:.1f}s (target {args.rate}/s); all on the sink after {done_s:.1f}s")
-    print(f"sustained: {total / done_s:,.0f} events/s")
-    if lat:
-        p50 = statistics.median(lat)
-        p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))]
-        print(f"records: {len(lat)}; latency produce->sink p50 {p50 / 1000:.2f}s p99 {p99 / 1000:.2f}s")
+    print_rate_and_latency(total, done_s, lat, "record")
 
 
 if __name__ == "__main__":
