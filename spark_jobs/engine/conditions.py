@@ -23,17 +23,24 @@ from spark_jobs.rules.model import Condition
 _NUMERIC = re.compile(NUMERIC_RE)
 
 
+def _py_number(x: object) -> float | None:
+    """A JSON number or numeric string as float (booleans are not numbers)."""
+    if isinstance(x, bool):
+        return None
+    if isinstance(x, (int, float)):
+        return float(x)
+    if isinstance(x, str) and _NUMERIC.match(x):
+        return float(x)
+    return None
+
 
 def rule_value_number(value: object) -> float | None:
-    """The number a rule value stands for, if it is a number or a numeric string."""
-    if isinstance(value, bool):
+    """The number a rule value stands for, if it is a number or a numeric string; a
+    string that overflows to infinity ("1e999") stays a string."""
+    num = _py_number(value)
+    if isinstance(value, str) and num is not None and not math.isfinite(num):
         return None
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str) and _NUMERIC.match(value):
-        f = float(value)
-        return f if math.isfinite(f) else None
-    return None
+    return num
 
 
 def value_spec(value: object) -> dict[str, object]:
@@ -127,16 +134,6 @@ def all_conditions(v: Column, conditions: Iterable[Condition], values: dict[str,
     `values` holds paths already extracted (values.extract_fields)."""
     cols = [condition_column(v, c, values) for c in conditions]
     return reduce(lambda a, b: a & b, cols, F.lit(True))
-
-
-def _py_number(x: object) -> float | None:
-    if isinstance(x, bool):
-        return None
-    if isinstance(x, (int, float)):
-        return float(x)
-    if isinstance(x, str) and _NUMERIC.match(x):
-        return float(x)
-    return None
 
 
 def compare_json(json_value: str | None, operator: str, value: object) -> bool:

@@ -12,11 +12,12 @@ Settings are resolved once, by the first task of a run, and travel with the run
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from spark_jobs import layered_settings
 
 VARIABLE_NAME = "rule_lifecycle"
 ENV_PREFIX = "RULE_LIFECYCLE_"
@@ -103,62 +104,13 @@ class LifecycleSettings:
 
     @classmethod
     def from_dict(cls, data: Mapping) -> LifecycleSettings:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown rule_lifecycle setting(s): {', '.join(unknown)}")
-        return cls(**dict(data))
-
-
-def _coerce(name: str, text: str) -> object:
-    """Environment values are text; JSON-typed settings are parsed, TOPIC=PATH lists too."""
-    f = next(f for f in fields(LifecycleSettings) if f.name == name)
-    kind = str(f.type)
-    if kind.startswith("dict"):
-        text = text.strip()
-        if text.startswith("{"):
-            return json.loads(text)
-        return dict(part.split("=", 1) for part in text.split(",") if part.strip())
-    if kind == "bool":
-        return text.strip().lower() in ("1", "true", "yes", "on")
-    if kind == "float":
-        return float(text)
-    if kind == "int":
-        return int(text)
-    return text
+        return layered_settings.from_dict(cls, data, VARIABLE_NAME)
 
 
 def env_settings(environ: Mapping[str, str] | None = None) -> dict:
-    env = os.environ if environ is None else environ
-    out: dict = {}
-    for f in fields(LifecycleSettings):
-        key = ENV_PREFIX + f.name.upper()
-        if key in env:
-            out[f.name] = _coerce(f.name, env[key])
-    return out
-
-
-def airflow_variable_settings() -> dict:
-    """The `rule_lifecycle` Variable, or {} outside Airflow / when it is not set."""
-    try:
-        from airflow.sdk import Variable
-    except ImportError:  # pragma: no cover - Airflow not installed
-        return {}
-    # Errors propagate: silently falling back to the defaults would release from the
-    # wrong repository or publish to the wrong broker.
-    value = Variable.get(VARIABLE_NAME, default=None, deserialize_json=True)
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise ValueError(f"Airflow Variable {VARIABLE_NAME!r} must be a JSON object")
-    return value
+    return layered_settings.env_settings(LifecycleSettings, ENV_PREFIX, environ)
 
 
 def resolve_settings(overrides: Mapping | None = None, *, use_airflow: bool = True) -> LifecycleSettings:
     """Defaults < env < Airflow Variable < overrides (run conf / params)."""
-    merged: dict = {}
-    merged.update(env_settings())
-    if use_airflow:
-        merged.update(airflow_variable_settings())
-    merged.update({k: v for k, v in (overrides or {}).items() if v is not None})
-    return LifecycleSettings.from_dict(merged)
+    return layered_settings.resolve(LifecycleSettings, VARIABLE_NAME, ENV_PREFIX, overrides, use_airflow)

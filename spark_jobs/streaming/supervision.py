@@ -24,10 +24,12 @@ import json
 import os
 import signal
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
+
+from spark_jobs import layered_settings
 
 Action = Literal["ok", "restart", "alert"]
 
@@ -203,41 +205,9 @@ class SupervisorSettings:
 
     @classmethod
     def from_dict(cls, data: Mapping) -> SupervisorSettings:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown {VARIABLE_NAME} setting(s): {', '.join(unknown)}")
-        return cls(**dict(data))
-
-
-def _coerce(name: str, text: str) -> object:
-    kind = str(next(f for f in fields(SupervisorSettings) if f.name == name).type)
-    text = text.strip()
-    if kind == "bool":
-        return text.lower() in ("1", "true", "yes", "on")
-    if kind == "float":
-        return float(text)
-    if kind.startswith("int"):
-        return None if text.lower() in ("", "none", "null") else int(text)
-    return text
+        return layered_settings.from_dict(cls, data, VARIABLE_NAME)
 
 
 def resolve_supervisor_settings(overrides: Mapping | None = None, *, use_airflow: bool = True) -> SupervisorSettings:
     """Defaults < env DETECTION_SUPERVISOR_* < Airflow Variable `detection_supervisor` < overrides."""
-    merged: dict = {}
-    for f in fields(SupervisorSettings):
-        key = ENV_PREFIX + f.name.upper()
-        if key in os.environ:
-            merged[f.name] = _coerce(f.name, os.environ[key])
-    if use_airflow:
-        try:
-            from airflow.sdk import Variable
-        except ImportError:  # pragma: no cover - Airflow not installed
-            Variable = None  # noqa: N806
-        if Variable is not None:
-            value = Variable.get(VARIABLE_NAME, default=None, deserialize_json=True)
-            if value is not None and not isinstance(value, dict):
-                raise ValueError(f"Airflow Variable {VARIABLE_NAME!r} must be a JSON object")
-            merged.update(value or {})
-    merged.update({k: v for k, v in (overrides or {}).items() if v is not None})
-    return SupervisorSettings.from_dict(merged)
+    return layered_settings.resolve(SupervisorSettings, VARIABLE_NAME, ENV_PREFIX, overrides, use_airflow)
