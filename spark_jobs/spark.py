@@ -15,10 +15,9 @@ from pyspark.sql import SparkSession
 DEFAULT_MASTER = "local[2]"
 
 # HotSpot leaves methods over 8000 bytes of bytecode to its interpreter, and Spark's
-# generated code for a rule set is that big: fifty rules in one projection, or a
-# condition shipped as data with every operator's branch, compile to one method of
-# 14 kB or more. Interpreted, such a stage ran 3-5x slower (JFR: most samples in
-# `generate_doConsume_0`). This lets the JIT compile them.
+# generated code for a rule set can be that big: the backtest's fifty threshold rules
+# in one projection compile to one method of 14.5 kB. Interpreted, that part ran 4-5x
+# slower (JFR: most samples in `generate_doConsume_0`). This lets the JIT compile them.
 JVM_OPTIONS = "-XX:-DontCompileHugeMethods"
 
 

@@ -217,11 +217,12 @@ def extract_fields(
         elif needs[p] & {"num", "str"}:
             step2.append(F.when(present, F.schema_of_variant(x[p])).alias(col[p]["kind"]))
 
-    def kinds(p: str) -> tuple[Column, Column]:
-        return _text_kinds(F.col(col[p]["json"])) if "json" in needs[p] else _type_kinds(F.col(col[p]["kind"]))
-
-    step3 = [_string_if(x[p], kinds(p)[0]).alias(col[p]["str"]) for p in paths if needs[p] & {"num", "str"}]
-    step4 = [_number_if(x[p], *kinds(p), F.col(col[p]["str"])).alias(col[p]["num"]) for p in paths if "num" in needs[p]]
+    converted = [p for p in paths if needs[p] & {"num", "str"}]
+    kinds = {p: _text_kinds(F.col(col[p]["json"])) if "json" in needs[p] else _type_kinds(F.col(col[p]["kind"]))
+             for p in converted}
+    step3 = [_string_if(x[p], kinds[p][0]).alias(col[p]["str"]) for p in converted]
+    step4 = [_number_if(x[p], *kinds[p], F.col(col[p]["str"])).alias(col[p]["num"]) for p in converted
+             if "num" in needs[p]]
     out = df
     for step in (step1, step2, step3, step4):
         if step:

@@ -8,7 +8,7 @@ Plan of one micro-batch:
     -> the engine's condition / key / time / value expressions, with the rule as data
     -> threshold: detections at once
     -> velocity, correlation: transformWithStateInPandas keyed by (rule_id, bucket of the key);
-       per-key state in a MapState of the bucket (processor.py)
+       the bucket's keys in one state value, read and written once per batch (processor.py)
     -> detections / dead letters / routed velocity emits, one Kafka write with a
        per-row topic (sink, dead-letter topic, internal `detect.routed`)
 
@@ -79,8 +79,8 @@ class DetectConfig:
 
 
 # Each (rule, bucket) of a micro-batch is one Python call with its own state read and
-# write: with 12 keyed rules, 32 buckets were 384 calls a batch, and 4 sustained 12-15%
-# more events/s in bench_detect.py. Fewer buckets make each bucket's value (rewritten
+# write: with 12 keyed rules, 32 buckets were 384 calls a batch, and 4 sustained about
+# 10% more events/s in bench_detect.py. Fewer buckets make each bucket's value (rewritten
 # whole every batch) bigger; 4 keeps it near 500 keys at 2000 users.
 DEFAULT_KEY_BUCKETS = 4
 BUCKETS_ENV = "DETECT_KEY_BUCKETS"

@@ -9,8 +9,8 @@ the key's expiry and its velocity window or correlation buffers.
 Why one value per bucket and not a MapState entry per key: every state call is a
 round trip to the JVM's state server, and pyspark's MapState has no batched get or
 update. One get and one update per key and batch took most of the operator's time
-(about 85% at 20k events per batch); one get and one update per bucket is a few
-hundred calls per batch whatever the number of keys. The price: a batch rewrites
+(about 85% at 20k events per batch); it is now two calls per (rule, bucket)
+and batch, whatever the number of keys. The price: a batch rewrites
 the whole bucket, also its keys without new events; at the rates where that would
 matter, nearly every key has new events in every batch anyway.
 
