@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from spark_jobs.backtest.inputs import InputSpec
-from spark_jobs.backtest.runner import BacktestConfig, run_backtest
+from spark_jobs.backtest.runner import _BACKTEST_CONF, BacktestConfig, _session_conf, run_backtest
 from spark_jobs.demo.scenarios import EXPECTED, demo_history
 
 pytestmark = pytest.mark.spark
@@ -101,9 +101,27 @@ def test_detection_contract_and_summary(demo_run):
 def test_detection_ids_are_deterministic(spark, demo_inputs, demo_run, tmp_path):
     _, first, _ = demo_run
     cfg = BacktestConfig(ROOT / "rules", [InputSpec(t, str(p)) for t, p in demo_inputs.items()], tmp_path)
+    spark.conf.set(CACHE_COMPRESSED, "true")  # the caller's own setting, which the run must leave alone
     run_backtest(spark, cfg)
+    assert spark.conf.get(CACHE_COMPRESSED) == "true"
     again = read_jsonl(tmp_path / "detections.jsonl")
     assert [d["detection_id"] for d in again] == [d["detection_id"] for d in first]
+
+
+CACHE_COMPRESSED = "spark.sql.inMemoryColumnarStorage.compressed"
+
+
+def test_session_conf_is_set_for_the_run_and_restored_after(spark):
+    spark.conf.unset(CACHE_COMPRESSED)
+    default = spark.conf.get(CACHE_COMPRESSED)
+    with _session_conf(spark, _BACKTEST_CONF):
+        assert spark.conf.get(CACHE_COMPRESSED) == "false"
+    assert spark.conf.get(CACHE_COMPRESSED) == default == "true"
+    spark.conf.set(CACHE_COMPRESSED, "true")
+    with pytest.raises(RuntimeError), _session_conf(spark, _BACKTEST_CONF):
+        assert spark.conf.get(CACHE_COMPRESSED) == "false"
+        raise RuntimeError("a failing backtest")
+    assert spark.conf.get(CACHE_COMPRESSED) == "true"
 
 
 FX_RULE = """\
