@@ -20,32 +20,47 @@ from pathlib import Path
 
 import yaml
 
+# The rule set, shared with bench_backtest_floor.py, which spells the same rules out.
+EVENT_TYPES = ["purchase", "click", "view", "transfer"]
+VELOCITY_AGGS = ["count", "sum", "avg", "min", "max", "distinct_count", "count", "sum", "count", "max"]
+VELOCITY_THRESHOLDS = {"count": 8, "sum": 4000, "avg": 800, "min": 5, "max": 990, "distinct_count": 4}
+GLOBAL_VELOCITY = 6  # vel_6 has no group_by
+GLOBAL_THRESHOLD = 400
+
+
+def threshold_rule(i: int) -> tuple[str, int]:
+    """th_{i}: (the event type it matches, its minimum amount)."""
+    return EVENT_TYPES[i % 4], 900 + i * 2
+
+
+def velocity_window_s(i: int) -> int:
+    return 30 + i * 10
+
 
 def make_rules(directory: Path) -> None:
     rules = []
     for i in range(50):
+        event_type, min_amount = threshold_rule(i)
         rules.append({
             "rule_id": f"th_{i:02d}", "version": "1", "rule_type": "threshold", "source_topic": "events.raw",
             "conditions": [
-                {"field": "type", "operator": "==", "value": ["purchase", "click", "view", "transfer"][i % 4]},
-                {"field": "amount", "operator": ">=", "value": 900 + i * 2},
+                {"field": "type", "operator": "==", "value": event_type},
+                {"field": "amount", "operator": ">=", "value": min_amount},
             ],
         })
-    aggs = ["count", "sum", "avg", "min", "max", "distinct_count", "count", "sum", "count", "max"]
-    for i, agg in enumerate(aggs):
+    for i, agg in enumerate(VELOCITY_AGGS):
         r = {
             "rule_id": f"vel_{i}", "version": "1", "rule_type": "velocity", "source_topic": "events.raw",
-            "group_by": "user_id" if i != 6 else None, "window_size": 30 + i * 10, "window_unit": "seconds",
-            "aggregation_type": agg, "threshold": {"count": 8, "sum": 4000, "avg": 800, "min": 5, "max": 990,
-                                                   "distinct_count": 4}[agg],
+            "group_by": "user_id", "window_size": velocity_window_s(i), "window_unit": "seconds",
+            "aggregation_type": agg, "threshold": VELOCITY_THRESHOLDS[agg],
             "time_mode": "event_time", "timestamp_field": "ts",
             "conditions": [{"field": "type", "operator": "!=", "value": "view"}],
         }
         if agg != "count":
             r["aggregation_field"] = "amount" if agg != "distinct_count" else "merchant"
-        if i == 6:
+        if i == GLOBAL_VELOCITY:
             r.pop("group_by")
-            r["threshold"] = 400
+            r["threshold"] = GLOBAL_THRESHOLD
         rules.append(r)
     rules.append({
         "rule_id": "corr_fx", "version": "1", "rule_type": "correlation", "source_topic": "events.raw",
@@ -66,11 +81,10 @@ def make_events(path: Path, ctx_path: Path, n: int, seed: int = 7) -> None:
     rnd = random.Random(seed)
     start = 1_767_225_600_000
     pairs = ["EURUSD", "GBPUSD", "USDJPY", "AUDUSD"]
-    types = ["purchase", "click", "view", "transfer"]
     with path.open("w") as f:
         for i in range(n):
             ev = {
-                "event_id": i, "type": types[rnd.randrange(4)], "user_id": f"u{rnd.randrange(20000)}",
+                "event_id": i, "type": EVENT_TYPES[rnd.randrange(4)], "user_id": f"u{rnd.randrange(20000)}",
                 "amount": rnd.randrange(1000), "merchant": f"m{rnd.randrange(50)}", "ts": start + i * 3,
             }
             if i % 10 == 0:

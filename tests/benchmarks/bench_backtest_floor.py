@@ -40,13 +40,19 @@ from functools import reduce
 from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
-from bench_backtest import make_events  # noqa: E402
+from bench_backtest import (  # noqa: E402
+    GLOBAL_THRESHOLD,
+    GLOBAL_VELOCITY,
+    VELOCITY_AGGS,
+    VELOCITY_THRESHOLDS,
+    make_events,
+    threshold_rule,
+    velocity_window_s,
+)
 
-SCHEMA = ("event_id long, type string, amount double, user_id string, merchant string, ts long, "
+# The fields the rules read, and no others.
+SCHEMA = ("type string, amount double, user_id string, merchant string, ts long, "
           "currency_pair string, implied_rate double, rate double")
-TYPES = ["purchase", "click", "view", "transfer"]
-VELOCITY = ["count", "sum", "avg", "min", "max", "distinct_count", "count", "sum", "count", "max"]
-THRESHOLDS = {"count": 8, "sum": 4000, "avg": 800, "min": 5, "max": 990, "distinct_count": 4}
 
 
 def best(reps: int, fn: Callable[[], object]) -> float:
@@ -106,18 +112,18 @@ def main() -> None:  # noqa: PLR0915 - one plan, written out in full on purpose
         ).alias("value"))
 
     # Threshold: which of the 50 rules each event matches, exploded.
-    th = matching([(F.col("type") == TYPES[i % 4]) & (F.col("amount") >= 900 + i * 2) for i in range(50)])
+    th = matching([(F.col("type") == t) & (F.col("amount") >= a) for t, a in map(threshold_rule, range(50))])
     th_hits = explode_matching(events, th, ["topic", "raw", "ts"], "i")
     threshold = rendered(th_hits, F.format_string("th_%02d", "i"), F.lit(""))
 
     # Velocity: nine per-user rules in one sort, the global one alone.
     moving = events.filter((F.col("type") != "view") & F.col("ts").isNotNull())
     by_user = Window.partitionBy("user_id").orderBy("ts")
-    grouped = [i for i in range(10) if i != 6]
+    grouped = [i for i in range(len(VELOCITY_AGGS)) if i != GLOBAL_VELOCITY]
 
     def agg(i: int) -> Column:
-        frame = by_user.rangeBetween(-(30_000 + i * 10_000 - 1), 0)
-        kind = VELOCITY[i]
+        frame = by_user.rangeBetween(-(velocity_window_s(i) * 1000 - 1), 0)
+        kind = VELOCITY_AGGS[i]
         if kind == "count":
             return F.count(F.lit(1)).over(frame).cast("double")
         if kind == "distinct_count":
@@ -131,7 +137,7 @@ def main() -> None:  # noqa: PLR0915 - one plan, written out in full on purpose
         """`last_event`: above the threshold where the key's previous event was not."""
         return (a >= threshold) & (prev.isNull() | (prev < threshold))
 
-    fires = matching([crossed(F.col(f"a{i}"), F.col(f"p{i}"), THRESHOLDS[VELOCITY[i]]) for i in grouped])
+    fires = matching([crossed(F.col(f"a{i}"), F.col(f"p{i}"), VELOCITY_THRESHOLDS[VELOCITY_AGGS[i]]) for i in grouped])
     values = F.array(*[F.col(f"a{i}") for i in grouped])
     fired = explode_matching(aggs.select("topic", "raw", "ts", fires.alias("m"), values.alias("values")),
                              F.col("m"), ["topic", "raw", "ts", "values"], "j")
@@ -140,12 +146,13 @@ def main() -> None:  # noqa: PLR0915 - one plan, written out in full on purpose
     everyone = Window.orderBy("ts")
     # A sliding frame is re-aggregated whenever it moves: 22k rows per frame here, so
     # quadratic. Two prefix frames (all so far, less all up to t - W) are linear.
-    upto_low = F.count(F.lit(1)).over(everyone.rangeBetween(Window.unboundedPreceding, -90_000))
+    global_ms = velocity_window_s(GLOBAL_VELOCITY) * 1000
+    upto_low = F.count(F.lit(1)).over(everyone.rangeBetween(Window.unboundedPreceding, -global_ms))
     glob = moving.select("topic", "raw", "ts", (F.row_number().over(everyone) - upto_low).alias("a"))
-    glob_fired = glob.withColumn("p", F.lag("a").over(everyone)).filter(crossed(F.col("a"), F.col("p"), 400))
+    glob_fired = glob.withColumn("p", F.lag("a").over(everyone)).filter(crossed(F.col("a"), F.col("p"), GLOBAL_THRESHOLD))
     members = F.concat(F.lit(',"aggregation_value":'), F.col("a").cast("string"))
     per_user = rendered(fired, F.format_string("vel_%d", "i"), members)
-    velocity = per_user.unionByName(rendered(glob_fired, F.lit("vel_6"), members))
+    velocity = per_user.unionByName(rendered(glob_fired, F.lit(f"vel_{GLOBAL_VELOCITY}"), members))
 
     # Correlation: per pair, the last context rate (5 min) and mean/std (10 min).
     context = cached.filter(F.col("topic") == "context.raw").select("ts", "currency_pair", "rate")

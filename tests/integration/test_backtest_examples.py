@@ -98,6 +98,9 @@ def test_detection_contract_and_summary(demo_run):
     assert summary["dead_letter"] == len(dead) == 2
 
 
+CACHE_COMPRESSED = "spark.sql.inMemoryColumnarStorage.compressed"
+
+
 def test_detection_ids_are_deterministic(spark, demo_inputs, demo_run, tmp_path):
     _, first, _ = demo_run
     cfg = BacktestConfig(ROOT / "rules", [InputSpec(t, str(p)) for t, p in demo_inputs.items()], tmp_path)
@@ -106,9 +109,6 @@ def test_detection_ids_are_deterministic(spark, demo_inputs, demo_run, tmp_path)
     assert spark.conf.get(CACHE_COMPRESSED) == "true"
     again = read_jsonl(tmp_path / "detections.jsonl")
     assert [d["detection_id"] for d in again] == [d["detection_id"] for d in first]
-
-
-CACHE_COMPRESSED = "spark.sql.inMemoryColumnarStorage.compressed"
 
 
 def test_session_conf_is_set_for_the_run_and_restored_after(spark):
