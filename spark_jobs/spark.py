@@ -2,7 +2,9 @@
 
 UTC session time zone: ISO timestamps without an offset are UTC (DESIGN.md).
 PYSPARK_PYTHON: workers must run the project's interpreter, or they miss
-pandas/pyarrow/protobuf that transformWithState and the Kafka data source need.
+pandas/pyarrow/protobuf that transformWithState needs.
+spark.jars: Spark's own Kafka connector, resolved by Maven (`spark_jobs.jvm`), as local
+paths (Spark's --packages/Ivy ignores Maven's mirror settings).
 """
 
 from __future__ import annotations
@@ -21,7 +23,10 @@ DEFAULT_MASTER = "local[2]"
 JVM_OPTIONS = "-XX:-DontCompileHugeMethods"
 
 
-def session(app_name: str, master: str | None = None, shuffle_partitions: int = 2, extra: dict | None = None) -> SparkSession:
+def session(app_name: str, master: str | None = None, shuffle_partitions: int = 2, extra: dict | None = None,
+            kafka: bool = True) -> SparkSession:
+    """The session the jobs use; `kafka` adds Spark's Kafka connector to it (resolving
+    the jars with Maven the first time)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name)
@@ -44,6 +49,10 @@ def session(app_name: str, master: str | None = None, shuffle_partitions: int = 
         # build. Errors still name the failing expression.
         "spark.python.sql.dataFrameDebugging.enabled": "false",
     }
+    if kafka:
+        from spark_jobs.jvm import spark_jars
+
+        conf["spark.jars"] = spark_jars()
     conf.update(extra or {})
     for side in ("driver", "executor"):
         key = f"spark.{side}.extraJavaOptions"

@@ -38,7 +38,7 @@ def demo_inputs() -> dict[str, Path]:
 
 @pytest.fixture(scope="session")
 def kafka_broker():
-    """A real tansu broker on a free port with the platform's default topics (2 partitions each)."""
+    """A real Apache Kafka broker (KRaft) on a free port with the platform's default topics (2 partitions each)."""
     from spark_jobs.kafka.broker import EmbeddedBroker, free_port
 
     broker = EmbeddedBroker(port=free_port(), partitions=2).start()

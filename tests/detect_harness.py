@@ -15,7 +15,7 @@ from pathlib import Path
 
 from confluent_kafka import Producer
 
-from spark_jobs.kafka.admin import read_all
+from spark_jobs.kafka.admin import create_topics, read_all
 
 
 class DetectJob:
@@ -87,10 +87,15 @@ class DetectJob:
 
 
 def produce(bootstrap: str, topic: str, values: list[str], key: str | None = None) -> None:
-    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    """Produce and confirm delivery; the topic is created first (the broker does not
+    create topics on first use)."""
+    create_topics(bootstrap, [topic])
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True})
+    errors: list[str] = []
     for v in values:
-        p.produce(topic, value=v.encode(), key=key.encode() if key else None)
-    p.flush(30)
+        p.produce(topic, value=v.encode(), key=key.encode() if key else None,
+                  on_delivery=lambda err, _msg: errors.append(str(err)) if err else None)
+    assert p.flush(30) == 0 and not errors, errors
 
 
 def detections(bootstrap: str, topic: str = "events.processed") -> list[dict]:

@@ -2,11 +2,9 @@
 
 The quickest way to watch the platform work: `rulectl tail events.processed` shows
 detections as the job emits them, `rulectl tail events.deadletter` the rejected input.
-Partitions are assigned (no consumer group: nothing is committed, no rebalance, and the
-embedded broker is slow at group subscription). By default it starts at the current
-end of every partition, taken from `end_offsets` (tansu under-reports the high
-watermark after batched produces, so librdkafka's own "latest" would replay a tail of
-old records); `--from-beginning` starts at the earliest offset instead.
+Partitions are assigned (no consumer group: nothing is committed, no rebalance). By
+default it starts at the current end of every partition (`end_offsets`);
+`--from-beginning` starts at the earliest offset instead.
 """
 
 from __future__ import annotations

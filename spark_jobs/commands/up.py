@@ -1,6 +1,6 @@
 """`rulectl up`: the whole platform on one machine, started and stopped as one.
 
-One command, in this order: the embedded Kafka-compatible broker on 127.0.0.1:9092 with
+One command, in this order: the embedded Apache Kafka broker on 127.0.0.1:9092 with
 the platform's topics; the rules of `rules/` validated and published to `rules.active`;
 the detection job (`rulectl detect`, Spark local mode); the demo generator
 (`rulectl demo --forever`); Airflow standalone (UI, scheduler, DAG processor, triggerer)
@@ -15,10 +15,9 @@ Supervision policy (spark_jobs.platform.launcher):
 * any other component that exits (broker, demo, Airflow) stops the platform, with the
   last lines of its log: none of them is expected to exit while the platform runs.
 
-The broker keeps topics in memory only, so every `rulectl up` starts from empty topics;
-the detection job's checkpoint (offsets into the previous broker's topics) is therefore
-cleared at start. Airflow's home (database, logs, admin password) persists in
-`<workdir>/airflow`.
+The broker keeps its log in `<workdir>/kafka` and the job its checkpoint in
+`<workdir>/detect`, so a second `rulectl up` resumes where the first stopped. Airflow's
+home (database, logs, admin password) persists in `<workdir>/airflow`.
 """
 
 from __future__ import annotations
@@ -100,6 +99,11 @@ class Paths:
     @property
     def detect_dir(self) -> Path:
         return self.workdir / "detect"
+
+    @property
+    def kafka_dir(self) -> Path:
+        """The embedded broker's log: kept across runs, like the job's checkpoint."""
+        return self.workdir / "kafka"
 
     @property
     def checkpoint(self) -> Path:
@@ -383,9 +387,12 @@ def run(args: argparse.Namespace) -> int:
             print(f"rulectl up: {p}", file=sys.stderr)
         return 2
     paths.logs.mkdir(parents=True, exist_ok=True)
-    # The broker is memory-only: offsets in an old checkpoint point into topics that no
-    # longer exist, and the job would refuse to start (or skip data). Start afresh.
-    shutil.rmtree(paths.detect_dir, ignore_errors=True)
+    # The broker keeps its log in the work folder, so the job's checkpoint stays valid
+    # across runs and resumes where it stopped. A checkpoint without the broker log it
+    # was written against (the log deleted by hand) would be offsets into nothing: the
+    # job would stop with a data-loss error, so such a checkpoint is set aside.
+    if not paths.kafka_dir.exists() and paths.detect_dir.exists():
+        shutil.move(str(paths.detect_dir), str(paths.workdir / f"detect.orphaned.{int(time.time())}"))
     paths.detect_dir.mkdir(parents=True, exist_ok=True)
     sup = Supervisor(on_change=lambda s: _write_state(s, paths, bootstrap, args))
     try:
@@ -410,6 +417,7 @@ def run(args: argparse.Namespace) -> int:
             topics=DEFAULT_TOPICS,
             partitions=args.partitions,
             log_path=paths.logs / "broker.log",
+            data_dir=paths.kafka_dir,
         )
         sup.say(f"starting broker on {bootstrap} ...")
         sup.start(BrokerComponent(broker))
@@ -487,7 +495,7 @@ def _banner(
         "",
         "=" * 78,
         f"rule platform is up (workdir {paths.workdir})",
-        f"  Kafka      {bootstrap} (memory only)  topics: {', '.join(topics)}",
+        f"  Kafka      {bootstrap} (log in {paths.kafka_dir})  topics: {', '.join(topics)}",
         f"  rules      {n_rules} published to rules.active from {args.rules}",
     ]
     if "detect" in procs:

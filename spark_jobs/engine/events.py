@@ -19,11 +19,16 @@ DEAD_LETTER_COLUMNS = ["topic", "seq", "raw", "reason", "rule_id"]
 
 def classify(raw: DataFrame) -> DataFrame:
     """Raw records with `v` (VARIANT) and `_reason` (why it is not an event, or NULL)."""
-    v = F.try_parse_json(F.col("raw"))
+    # Text that is not valid UTF-8 (bytes cast to a string are not checked) is never
+    # parsed: its values could not cross into Python (Arrow rejects them) or be written
+    # back as the JSON text of a detection.
+    utf8 = F.is_valid_utf8(F.col("raw"))
+    v = F.when(utf8, F.try_parse_json(F.col("raw")))
     is_object = F.ltrim(F.col("raw")).startswith("{")
     return raw.withColumn("v", v).withColumn(
         "_reason",
         F.when(F.col("raw").isNull(), F.lit("empty record"))
+        .when(~utf8, F.lit("not valid UTF-8"))
         .when(F.col("v").isNull(), F.lit("not valid JSON"))
         .when(~is_object, F.lit("not a JSON object")),
     )

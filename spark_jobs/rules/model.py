@@ -12,6 +12,7 @@ import re
 from typing import Annotated, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -37,16 +38,53 @@ UNIT_MS: dict[str, int] = {
 
 DEFAULT_WATERMARK_DELAY_S = 5.0
 
+# Limits: what the engine can represent and a running job can carry. A rule outside them
+# is rejected with the field and the reason, in `rulectl validate` and in the job alike
+# (the job's registry validates every record of `rules.active` with this model).
+# * Windows, lookbacks and context ages up to 366 days: a window is added to and
+#   subtracted from epoch-millisecond event times, and state is kept for it.
+# * Watermark delays up to 7 days: the delay is how long the job holds state for late
+#   data, and it is one value for the whole job.
+# * Numbers: finite, and integers within +-2**53, the range in which a double (what the
+#   engine compares and sums) holds an integer exactly. 1e400, NaN and Infinity are not
+#   numbers a rule can use.
+# * Sizes: a rule rides along with every micro-batch, so text fields and lists are
+#   bounded (a 1 MB description is a mistake, not a rule).
+MAX_WINDOW_MS = 366 * UNIT_MS["days"]
+MAX_WATERMARK_DELAY_S = 7 * 24 * 3600
+MAX_EXACT_INT = 2**53
+MAX_TEXT = 2_000
+MAX_VALUE_TEXT = 1_000
+MAX_PATH = 256
+MAX_CONDITIONS = 50
+MAX_TAGS = 50
+
+
+def _finite_number(v: float) -> float:
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, int):
+        if abs(v) > MAX_EXACT_INT:
+            raise ValueError(f"integer out of range: |value| must be at most 2**53 ({MAX_EXACT_INT})")
+        return v
+    if isinstance(v, float) and not math.isfinite(v):
+        raise ValueError("must be a finite number (not NaN or Infinity)")
+    return v
+
+
 # A dotted path into nested JSON: `user.id`, `payload.amount`. Segments are plain keys;
 # empty segments (`a..b`, `.a`) are almost always typos, so they are rejected.
 _PATH = re.compile(r"^[^.\s]+(\.[^.\s]+)*$")
 _RULE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 
-Number = StrictInt | StrictFloat
-ScalarValue = StrictBool | StrictInt | StrictFloat | StrictStr
-FieldPath = Annotated[str, Field(min_length=1, pattern=_PATH.pattern)]
+Number = Annotated[StrictInt | StrictFloat, AfterValidator(_finite_number)]
+ScalarValue = StrictBool | Number | Annotated[StrictStr, Field(max_length=MAX_VALUE_TEXT)]
+FieldPath = Annotated[str, Field(min_length=1, max_length=MAX_PATH, pattern=_PATH.pattern)]
 PositiveNumber = Annotated[Number, Field(gt=0)]
 NonNegativeNumber = Annotated[Number, Field(ge=0)]
+WatermarkDelay = Annotated[Number, Field(ge=0, le=MAX_WATERMARK_DELAY_S)]
+Text = Annotated[str, Field(max_length=MAX_TEXT)]
+TopicName = Annotated[str, Field(min_length=1, max_length=249, pattern=r"^[A-Za-z0-9._\-]+$")]
 
 
 class _Strict(BaseModel):
@@ -62,13 +100,6 @@ class Condition(_Strict):
     operator: Operator
     value: ScalarValue
 
-    @field_validator("value")
-    @classmethod
-    def _finite(cls, v: ScalarValue) -> ScalarValue:
-        if isinstance(v, float) and not math.isfinite(v):
-            raise ValueError("value must be a finite number")
-        return v
-
 
 class MetricCondition(_Strict):
     """The single `{operator, value}` a correlation rule applies to its metric."""
@@ -81,13 +112,14 @@ class _RuleBase(_Strict):
     rule_id: Annotated[str, Field(min_length=1, max_length=200, pattern=_RULE_ID.pattern)]
     # YAML reads `version: 3` as an int; a version is an opaque label, so ints are
     # accepted and kept as their decimal string.
-    version: Annotated[str, Field(min_length=1)]
-    source_topic: Annotated[str, Field(min_length=1)]
-    name: str | None = None
-    description: str | None = None
+    version: Annotated[str, Field(min_length=1, max_length=64)]
+    source_topic: TopicName
+    name: Text | None = None
+    description: Text | None = None
     enabled: StrictBool = True
-    tags: list[StrictStr] = Field(default_factory=list)
-    owner: str | None = None
+    tags: Annotated[list[Annotated[StrictStr, Field(max_length=100)]], Field(max_length=MAX_TAGS)] = Field(
+        default_factory=list)
+    owner: Annotated[str, Field(max_length=200)] | None = None
 
     @field_validator("version", mode="before")
     @classmethod
@@ -117,7 +149,7 @@ class _RuleBase(_Strict):
 
 class ThresholdRule(_RuleBase):
     rule_type: Literal["threshold"]
-    conditions: Annotated[list[Condition], Field(min_length=1)]
+    conditions: Annotated[list[Condition], Field(min_length=1, max_length=MAX_CONDITIONS)]
 
 
 class VelocityRule(_RuleBase):
@@ -128,11 +160,11 @@ class VelocityRule(_RuleBase):
     threshold: Number
     group_by: FieldPath | None = None
     aggregation_field: FieldPath | None = None
-    conditions: list[Condition] = Field(default_factory=list)
+    conditions: Annotated[list[Condition], Field(max_length=MAX_CONDITIONS)] = Field(default_factory=list)
     emit_mode: Literal["last_event", "all_events"] = "last_event"
     time_mode: Literal["processing_time", "event_time"] = "processing_time"
     timestamp_field: FieldPath | None = None
-    watermark_delay: NonNegativeNumber = DEFAULT_WATERMARK_DELAY_S
+    watermark_delay: WatermarkDelay = DEFAULT_WATERMARK_DELAY_S
     emit_to_sink: StrictBool = True
 
     @model_validator(mode="after")
@@ -158,7 +190,7 @@ class VelocityRule(_RuleBase):
 
 class CorrelationRule(_RuleBase):
     rule_type: Literal["correlation"]
-    context_topic: Annotated[str, Field(min_length=1)]
+    context_topic: TopicName
     correlation_key: FieldPath
     window_size: PositiveNumber
     window_unit: WindowUnit
@@ -171,10 +203,10 @@ class CorrelationRule(_RuleBase):
     emit_mode: Literal["event", "context", "both"] = "both"
     context_type_field: FieldPath | None = None
     context_type_value: ScalarValue | None = None
-    velocity_filter_rule_id: str | None = None
-    max_context_age_seconds: PositiveNumber | None = None
-    min_context_points: Annotated[StrictInt, Field(ge=1)] = 1
-    watermark_delay: NonNegativeNumber = DEFAULT_WATERMARK_DELAY_S
+    velocity_filter_rule_id: Annotated[str, Field(max_length=200)] | None = None
+    max_context_age_seconds: Annotated[PositiveNumber, Field(le=MAX_WINDOW_MS // 1000)] | None = None
+    min_context_points: Annotated[StrictInt, Field(ge=1, le=1_000_000)] = 1
+    watermark_delay: WatermarkDelay = DEFAULT_WATERMARK_DELAY_S
 
     @model_validator(mode="after")
     def _required_together(self) -> CorrelationRule:
@@ -234,6 +266,9 @@ def _window_ms(size: float, unit: str) -> int:
 
 
 def _check_window_ms(size: float, unit: str) -> None:
+    # Compared in float first: a huge size times the unit must not reach int().
+    if size * UNIT_MS[unit] > MAX_WINDOW_MS:
+        raise _field_error("window_size", f"window must be at most 366 days, got {size} {unit}")
     if _window_ms(size, unit) < 1:
         raise _field_error("window_size", "window must be at least 1 millisecond")
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from spark_jobs.rules.loader import LoadedRule, RuleError, load_text
 from spark_jobs.rules.model import rule_to_json_dict
+from spark_jobs.rules.version_order import compare_versions
 
 
 class GitError(RuntimeError):
@@ -67,6 +68,16 @@ def version_bump_errors(current: list[LoadedRule], base_rules: dict[str, dict]) 
                     "version",
                     f"rule changed ({', '.join(changed)}) but version is still {old['version']!r}; "
                     "bump the version so the running job picks the change up",
+                    lr.rule.rule_id,
+                )
+            )
+        elif new != old and compare_versions(new["version"], old["version"]) < 0:
+            errors.append(
+                RuleError(
+                    lr.file,
+                    "version",
+                    f"version {new['version']!r} is lower than {old['version']!r}; the running job applies "
+                    "only newer versions (1 < 2 < 10, 1.9 < 1.10, v2 < v10)",
                     lr.rule.rule_id,
                 )
             )

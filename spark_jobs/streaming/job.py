@@ -2,7 +2,8 @@
 
 Plan of one micro-batch:
 
-  Kafka records (kafka_py, topics from the rules in force, offsets in the checkpoint)
+  Kafka records (Spark's Kafka connector: the topics of the rules in force, offsets in
+  the checkpoint)
     -> parse to VARIANT once; malformed -> dead letters
     -> join (broadcast) with the rule snapshot: one row per (event, rule it may concern)
     -> the engine's condition / key / time / value expressions, with the rule as data
@@ -41,7 +42,7 @@ from spark_jobs.engine.events import classify
 from spark_jobs.engine.values import FieldValue, field, field_value, timestamp_of
 from spark_jobs.engine.velocity import velocity_members
 from spark_jobs.kafka import admin
-from spark_jobs.kafka.datasource import read_stream, register, write_stream
+from spark_jobs.kafka.spark_io import read_stream, write_stream
 from spark_jobs.rules.model import job_watermark_delay_s
 from spark_jobs.streaming.processor import OUTPUT_SCHEMA, DetectionProcessor
 from spark_jobs.streaming.registry import ROUTED_TOPIC, RuleProblem, RuleRegistry
@@ -113,16 +114,36 @@ def _iso(ts: float) -> str:
 # ------------------------------------------------------------------------------ the plan
 
 
-def _input(spark: SparkSession, cfg: DetectConfig, min_partitions: int = 0) -> DataFrame:
+def source_topics(cfg: DetectConfig, rules_topics: list[str]) -> list[str]:
+    """The topics the query subscribes to: those of the rules in force, the internal
+    routing topic, and every topic an earlier run of this checkpoint read.
+
+    The subscription is fixed for a query's life and only grows: Spark's Kafka source
+    reports partitions that vanish from a checkpoint's offsets as data loss, so a topic
+    once read stays subscribed. A rule published later that names a topic outside the
+    subscription sets `restart_required` in the status (reason `new topics`), and the
+    supervisor restarts the job on its checkpoint; the new topic is read from its start.
+    """
+    path = cfg.checkpoint / "source_topics.json"
+    before = json.loads(path.read_text()) if path.exists() else []
+    topics = sorted(set(before) | set(rules_topics) | {ROUTED_TOPIC})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(topics))
+    tmp.replace(path)
+    return topics
+
+
+def _input(spark: SparkSession, cfg: DetectConfig, topics: list[str], min_partitions: int = 0) -> DataFrame:
     raw = read_stream(
         spark,
         cfg.bootstrap,
-        topics_file=str(cfg.state_dir / "topics.json"),
-        max_offsets_per_trigger=cfg.max_offsets_per_trigger,
+        topics,
         starting_offsets=cfg.starting_offsets,
+        max_offsets_per_trigger=cfg.max_offsets_per_trigger,
         # A micro-batch of one busy topic partition is split into several tasks, so
         # parsing and the rule join use every core.
-        options={"minPartitions": str(min_partitions)} if min_partitions > 0 else None,
+        min_partitions=min_partitions or None,
     )
     # Routed velocity emits carry the original topic and arrival position in their key.
     routed = F.col("topic") == F.lit(ROUTED_TOPIC)
@@ -181,7 +202,7 @@ def _passes(conditions: Column, fast: Column, known: Callable[[Column], Column],
 
 
 def _fan_out(events: DataFrame, rules: DataFrame, known_paths: list[str] | None = None,
-             max_conditions: int = 4, keep_malformed: bool = False) -> DataFrame:
+             max_conditions: int = 4, keep_malformed: bool = False, max_ahead_ms: int = 5_000) -> DataFrame:
     """One row per (event, rule whose conditions it passes), with the rule's key, event
     time and value read from the event.
 
@@ -233,6 +254,13 @@ def _fan_out(events: DataFrame, rules: DataFrame, known_paths: list[str] | None 
         lookup(F.col("r_ts_path"), F.col("r_ts_known")).alias("_ft"),
         lookup(F.col("r_val_path"), F.col("r_val_known")).alias("_fv"),
     )
+    ts = F.when(F.col("r_ts_path").isNull(), F.col("proc_ms")).otherwise(
+        timestamp_of(F.col("_ft")["num"], F.col("_ft")["str"]))
+    # An event time far ahead of the broker's clock would move the job watermark with it
+    # and make every on-time record after it late: such a record is a dead letter for
+    # the event-time rules instead (`ts_issue` is the reason the processor gives).
+    too_far = (F.col("r_event_time") & ts.isNotNull() & F.col("proc_ms").isNotNull()
+               & (ts > F.col("proc_ms") + F.lit(max_ahead_ms)))
     return extracted.select(
         F.col("r_rule_id").alias("rule_id"),
         F.col("r_rule_version").alias("rule_version"),
@@ -244,12 +272,21 @@ def _fan_out(events: DataFrame, rules: DataFrame, known_paths: list[str] | None 
         F.col("r_val_need").alias("val_need"),
         "topic", "seq", "raw", "proc_ms", "_reason",
         F.when(F.col("r_key_path").isNull(), F.lit("")).otherwise(F.col("_fk")["json"]).alias("k"),
-        F.when(F.col("r_ts_path").isNull(), F.col("proc_ms"))
-        .otherwise(timestamp_of(F.col("_ft")["num"], F.col("_ft")["str"]))
-        .alias("ts_ms"),
+        F.when(too_far, F.lit(None)).otherwise(ts).alias("ts_ms"),
+        F.when(too_far, F.lit(f"event time more than {max_ahead_ms} ms ahead of the record's broker timestamp"))
+        .alias("ts_issue"),
         F.col("_fv")["num"].alias("num"),
         F.col("_fv")["json"].alias("jv"),
     )
+
+
+# Kafka refuses records over the topic's `max.message.bytes` (1 MB by default): a
+# record the sink cannot write would fail the micro-batch, and the same batch again on
+# every restart. So nothing bigger than this leaves the job whole: a detection is cut
+# to its rule members and id (marked `truncated`, with the event's size), a dead
+# letter keeps the first DEAD_LETTER_RAW_CHARS characters of the record (with its size).
+MAX_RECORD_BYTES = 900_000
+DEAD_LETTER_RAW_CHARS = 100_000
 
 
 def _records(rows: DataFrame, kind: Column, members: Column, cfg: DetectConfig) -> DataFrame:
@@ -261,14 +298,24 @@ def _records(rows: DataFrame, kind: Column, members: Column, cfg: DetectConfig) 
     (each with its own state, every key processed three times), the input split into
     detections and dead letters two scans of the topics.
     """
+    raw_bytes = F.octet_length(F.col("raw"))
+    too_big = F.coalesce(raw_bytes > F.lit(MAX_RECORD_BYTES), F.lit(False))
     det = kind == F.lit("detection")
-    routed = kind == F.lit("routed")
+    # A routed event must reach the correlation rules whole; one too big to route is a
+    # dead letter instead.
+    routed = (kind == F.lit("routed")) & ~too_big
+    reason = F.when(kind == F.lit("routed"), F.lit("event too large to route to correlation rules")).otherwise(
+        F.col("reason"))
     did = detection_id(F.col("rule_id"), F.col("rule_version"), F.col("topic"), F.col("raw"))
-    detection = detection_value(F.col("raw"), head_of(rows), members, did)
+    cut_event = F.concat(F.lit('{"truncated":true,"event_bytes":'), raw_bytes.cast("string"), F.lit("}"))
+    detection = detection_value(F.when(too_big, cut_event).otherwise(F.col("raw")), head_of(rows), members, did)
     routed_key = F.to_json(F.struct(F.col("rule_id").alias("from"), "topic", "seq"))
+    raw_cut = raw_bytes > F.lit(DEAD_LETTER_RAW_CHARS)
     dead_value = F.to_json(
-        F.struct(F.col("reason").alias("reason"), F.col("rule_id").alias("rule_id"), F.col("topic"), F.col("seq"),
-                 F.col("raw")),
+        F.struct(reason.alias("reason"), F.col("rule_id").alias("rule_id"), F.col("topic"), F.col("seq"),
+                 F.make_valid_utf8(F.when(raw_cut, F.substring("raw", 1, DEAD_LETTER_RAW_CHARS))
+                                   .otherwise(F.col("raw"))).alias("raw"),
+                 F.when(raw_cut, raw_bytes).alias("raw_bytes")),
         {"ignoreNullFields": "false"},
     )
     return rows.select(
@@ -279,12 +326,11 @@ def _records(rows: DataFrame, kind: Column, members: Column, cfg: DetectConfig) 
     )
 
 
-def build(spark: SparkSession, cfg: DetectConfig, watermark_delay_s: float, buckets: int = DEFAULT_KEY_BUCKETS,
-          min_partitions: int = 0) -> DataFrame:
+def build(spark: SparkSession, cfg: DetectConfig, watermark_delay_s: float, topics: list[str],
+          buckets: int = DEFAULT_KEY_BUCKETS, min_partitions: int = 0) -> DataFrame:
     """The whole job as one streaming DataFrame of (topic, key, value) Kafka records."""
-    register(spark)
     spark.dataSource.register(RulesSnapshotDataSource)
-    raw = classify(_input(spark, cfg, min_partitions))
+    raw = classify(_input(spark, cfg, topics, min_partitions))
     rules = (
         spark.read.format("rules_snapshot")
         .option("path", str(cfg.state_dir / "rules.json"))
@@ -306,7 +352,9 @@ def build(spark: SparkSession, cfg: DetectConfig, watermark_delay_s: float, buck
 
     # Velocity and correlation: the other scan, through the stateful operator (which
     # also dead-letters late rows and event-time rows without a usable timestamp).
-    keyed = _fan_out(raw, rules.filter(F.col("rule_type") != "threshold"), known_paths, slots).filter(
+    max_ahead_ms = max(1_000, int(watermark_delay_s * 1000))
+    keyed = _fan_out(raw, rules.filter(F.col("rule_type") != "threshold"), known_paths, slots,
+                     max_ahead_ms=max_ahead_ms).filter(
         F.col("k").isNotNull()
         & ((F.col("val_need") == "none") | ((F.col("val_need") == "num") & F.col("num").isNotNull())
            | ((F.col("val_need") == "json") & F.col("jv").isNotNull()))
@@ -319,7 +367,7 @@ def build(spark: SparkSession, cfg: DetectConfig, watermark_delay_s: float, buck
         "wm_ts", F.when(F.col("event_time"), F.timestamp_millis(F.col("ts_ms")))
     ).withWatermark("wm_ts", f"{int(watermark_delay_s * 1000)} milliseconds")
     stateful_in = watermarked.select(
-        "rule_id", "k", "role", "rule_json", "event_time", "ts_ms", "seq", "topic", "raw", "num", "jv",
+        "rule_id", "k", "role", "rule_json", "event_time", "ts_ms", "seq", "topic", "raw", "num", "jv", "ts_issue",
         F.pmod(F.xxhash64("k"), F.lit(buckets)).cast("int").alias("bucket"),
     )
     out = stateful_in.groupBy("rule_id", "bucket").transformWithStateInPandas(
@@ -343,10 +391,12 @@ def build(spark: SparkSession, cfg: DetectConfig, watermark_delay_s: float, buck
 class StatusReporter:
     """Writes what a supervisor needs to a status file and the status topic."""
 
-    def __init__(self, cfg: DetectConfig, registry: RuleRegistry, watermark_delay_s: float) -> None:
+    def __init__(self, cfg: DetectConfig, registry: RuleRegistry, watermark_delay_s: float,
+                 topics: list[str] | None = None) -> None:
         self.cfg = cfg
         self.registry = registry
         self.watermark_delay_s = watermark_delay_s
+        self.topics = sorted(topics or [])
         self.started_at = time.time()
         self.query_id: str | None = None
         self.run_id: str | None = None
@@ -357,6 +407,12 @@ class StatusReporter:
     def snapshot(self) -> dict:
         rules = self.registry.current()
         needed = job_watermark_delay_s(list(rules.rules.values()))
+        new_topics = sorted(set(rules.topics()) - set(self.topics))
+        reasons = []
+        if needed != self.watermark_delay_s:
+            reasons.append(f"rules need watermark delay {needed}s, job runs with {self.watermark_delay_s}s")
+        if new_topics:
+            reasons.append(f"new topics: rules read {', '.join(new_topics)}, which the job does not subscribe to")
         p = self.progress or {}
         lag = None
         for src in p.get("sources", []):
@@ -378,9 +434,11 @@ class StatusReporter:
             "updated_at": _iso(time.time()),
             "watermark_delay_s": self.watermark_delay_s,
             "rules_watermark_delay_s": needed,
-            "restart_required": needed != self.watermark_delay_s,
+            "restart_required": bool(reasons),
+            "restart_reasons": reasons,
+            "source_topics": self.topics,
             "rule_versions": rules.versions(),
-            "rule_problems": len(self.registry.problems),
+            "rule_problems": self.registry.problem_count,
             "last_batch_id": p.get("batchId"),
             "last_batch_time": p.get("timestamp"),
             "input_rows_per_second": p.get("inputRowsPerSecond"),
@@ -421,6 +479,27 @@ def report_rule_problem(cfg: DetectConfig, producer: Producer, problem: RuleProb
 # ------------------------------------------------------------------------------ running
 
 
+def _stop_after_batch_in_flight(query: object, timeout_s: float = 60.0) -> None:
+    """Graceful stop: let the micro-batch in flight finish and commit, then stop.
+
+    Under steady input the trigger is never idle (one batch starts as the last one
+    ends), so "wait until no trigger is active" can wait forever. What is waited for is
+    the end of the batch that was running when the stop was asked: a progress report
+    with a newer batch id. Whatever batch starts after it is interrupted by stop() and
+    runs again, from the same offsets, at the next start (nothing lost; any detection
+    it already wrote is written again with the same id).
+    """
+    seen = (query.lastProgress or {}).get("batchId", -1)  # type: ignore[attr-defined]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and query.isActive:  # type: ignore[attr-defined]
+        if not query.status.get("isTriggerActive"):  # type: ignore[attr-defined]
+            break
+        if (query.lastProgress or {}).get("batchId", -1) > seen:  # type: ignore[attr-defined]
+            break
+        time.sleep(0.02)
+    query.stop()  # type: ignore[attr-defined]
+
+
 def run(cfg: DetectConfig, stop: threading.Event | None = None) -> int:
     """Run until SIGTERM/SIGINT (or `stop`), then finish the batch in flight and exit 0."""
     from spark_jobs.spark import session
@@ -440,9 +519,11 @@ def run(cfg: DetectConfig, stop: threading.Event | None = None) -> int:
         "spark.sql.streaming.stateStore.providerClass": STATE_STORE,
         "spark.sql.streaming.noDataMicroBatches.enabled": "true",
     })
-    status = StatusReporter(cfg, registry, delay)
+    topics = source_topics(cfg, registry.current().topics())
+    status = StatusReporter(cfg, registry, delay, topics)
+    plan = build(spark, cfg, delay, topics, key_buckets(cfg), min_partitions=2 * _cores(spark))
     query = (
-        write_stream(build(spark, cfg, delay, key_buckets(cfg), min_partitions=2 * _cores(spark)), cfg.bootstrap)
+        write_stream(plan, cfg.bootstrap)
         .option("checkpointLocation", str(cfg.checkpoint / "query"))
         .trigger(processingTime=f"{cfg.trigger_ms} milliseconds")
         .queryName("detections")
@@ -466,11 +547,7 @@ def run(cfg: DetectConfig, stop: threading.Event | None = None) -> int:
             status.state = "failed"
             exit_code = 1
         else:
-            # Graceful: let the batch in flight finish and commit, then stop.
-            deadline = time.time() + 60
-            while query.status.get("isTriggerActive") and time.time() < deadline:
-                time.sleep(0.05)
-            query.stop()
+            _stop_after_batch_in_flight(query)
             status.state = "stopped"
     finally:
         status.publish()

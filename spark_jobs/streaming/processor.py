@@ -139,8 +139,8 @@ def _signature(rule: AnyRule) -> str:
 
 # An input row as a tuple, in this order; `k` (the key) last.
 _IN = (("role", "obj"), ("event_time", "obj"), ("ts_ms", "int"), ("seq", "int"), ("topic", "obj"), ("raw", "obj"),
-       ("num", "float"), ("jv", "obj"), ("k", "obj"))
-ROLE, EVENT_TIME, TS, SEQ, TOPIC, RAW, NUM, JV, KEY = range(len(_IN))
+       ("num", "float"), ("jv", "obj"), ("k", "obj"), ("ts_issue", "obj"))
+ROLE, EVENT_TIME, TS, SEQ, TOPIC, RAW, NUM, JV, KEY, TS_ISSUE = range(len(_IN))
 
 
 def _missing(v: Any) -> bool:
@@ -328,7 +328,10 @@ class DetectionProcessor(StatefulProcessor):
             if rule_json is None:
                 # One consistent rule set per micro-batch: every row of a group has the same rule.
                 rule_json = pdf["rule_json"].iat[0]
-            for r in zip(*[_column(pdf[name], kind) for name, kind in _IN], strict=True):
+            n = len(pdf)
+            # `ts_issue` is absent from frames built by older callers: None then.
+            cols = [_column(pdf[name], kind) if name in pdf else [None] * n for name, kind in _IN]
+            for r in zip(*cols, strict=True):
                 k = r[KEY]
                 group = by_key.get(k)
                 if group is None:
@@ -374,7 +377,7 @@ class DetectionProcessor(StatefulProcessor):
             if r[TS] is None:
                 # An event-time rule and no usable timestamp: the row never touches state.
                 out.append(_out("dead", rule, _to_row(r),
-                                reason=f"missing or unparseable timestamp needed by {rule.rule_type} rule"))
+                                reason=r[TS_ISSUE] or f"missing or unparseable timestamp needed by {rule.rule_type} rule"))
             # Routed primaries were judged for lateness when they entered the velocity
             # rule; re-injected a batch later, they must not be late a second time.
             elif r[EVENT_TIME] and r[ROLE] != "routed" and watermark > 0 and r[TS] < watermark:

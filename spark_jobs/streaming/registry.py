@@ -27,6 +27,7 @@ from pydantic import ValidationError
 
 from spark_jobs.kafka import admin
 from spark_jobs.rules.model import AnyRule, CorrelationRule, VelocityRule, parse_rule, rule_to_json_dict
+from spark_jobs.rules.version_order import compare_versions
 
 log = logging.getLogger(__name__)
 
@@ -63,25 +64,62 @@ class RuleSet:
         return sorted(out)
 
 
-def apply_record(rules: dict[str, AnyRule], key: str | None, value: bytes | None, offset: int) -> RuleProblem | None:
-    """Fold one rules-topic record into `rules`; returns a problem instead of raising."""
-    raw = value.decode("utf-8", errors="replace") if value is not None else ""
+# A problem report carries the offending record, cut to this many characters so that the
+# report always fits the dead-letter topic (1 MB per record by default).
+MAX_REPORTED_RAW = 16_384
+
+
+def _problem(offset: int, key: str | None, raw: str, reason: str) -> RuleProblem:
+    if len(raw) > MAX_REPORTED_RAW:
+        reason = f"{reason} (record of {len(raw)} characters, cut to {MAX_REPORTED_RAW} here)"
+        raw = raw[:MAX_REPORTED_RAW]
+    return RuleProblem(offset, key[:200] if key else key, raw, reason)
+
+
+def apply_record(rules: dict[str, AnyRule], key: str | None, value: bytes | None, offset: int,
+                 seen: dict[str, tuple[str, str]] | None = None) -> RuleProblem | None:
+    """Fold one rules-topic record into `rules`; returns a problem instead of raising.
+
+    `seen` holds the newest (version, canonical body) per rule id, disabled ones
+    included, so versions only move forward (`version_order`): a lower version, or the
+    same version with another body, is a problem and changes nothing. Any error at all
+    while reading the record is a problem, never an exception: one bad record must not
+    stop the registry from reading the ones after it.
+    """
+    seen = {} if seen is None else seen
     if value is None:
-        # A tombstone (compaction delete) removes the rule.
+        # A tombstone (compaction delete) removes the rule and its version history.
         if key:
             rules.pop(key, None)
+            seen.pop(key, None)
         return None
+    raw = value.decode("utf-8", errors="replace")
     try:
-        data = json.loads(raw)
+        data = json.loads(value.decode("utf-8"))
         rule = parse_rule(data)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        return RuleProblem(offset, key, raw, f"invalid rule: not JSON ({exc})")
+        return _problem(offset, key, raw, f"invalid rule: not JSON ({exc})")
     except ValidationError as exc:
         first = exc.errors(include_url=False)[:3]
-        detail = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in first)
-        return RuleProblem(offset, key, raw, f"invalid rule: {detail}")
+        detail = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {str(e['msg'])[:300]}" for e in first)
+        return _problem(offset, key, raw, f"invalid rule: {detail}")
+    except (RecursionError, ValueError, TypeError, OverflowError, MemoryError) as exc:
+        return _problem(offset, key, raw, f"invalid rule: cannot read it ({type(exc).__name__}: {str(exc)[:300]})")
     if key and key != rule.rule_id:
-        return RuleProblem(offset, key, raw, f"invalid rule: record key {key!r} != rule_id {rule.rule_id!r}")
+        return _problem(offset, key, raw, f"invalid rule: record key {key!r} != rule_id {rule.rule_id!r}")
+    body = json.dumps(rule_to_json_dict(rule), sort_keys=True)
+    before = seen.get(rule.rule_id)
+    if before is not None:
+        order = compare_versions(rule.version, before[0])
+        if order < 0:
+            return _problem(offset, key, raw, f"rule version not newer: {rule.rule_id!r} version {rule.version!r} "
+                                              f"is lower than version {before[0]!r} already applied")
+        if order == 0:
+            if body == before[1]:
+                return None  # the same record again (a re-publish): nothing to do
+            return _problem(offset, key, raw, f"rule version not newer: {rule.rule_id!r} version {rule.version!r} "
+                                              "was already applied with another body; bump the version")
+    seen[rule.rule_id] = (rule.version, body)
     if rule.enabled:
         rules[rule.rule_id] = rule
     else:
@@ -107,7 +145,7 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 class RuleRegistry:
-    """Follows `rules.active` and keeps `rules.json` / `topics.json` current."""
+    """Follows `rules.active` and keeps `rules.json` current."""
 
     def __init__(
         self,
@@ -121,10 +159,10 @@ class RuleRegistry:
         self.topic = topic
         self.state_dir = state_dir
         self.rules_file = state_dir / "rules.json"
-        self.topics_file = state_dir / "topics.json"
         self.on_problem = on_problem
         self.poll_interval_s = poll_interval_s
         self._rules: dict[str, AnyRule] = {}
+        self._seen: dict[str, tuple[str, str]] = {}
         self._offsets: dict[int, int] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -132,6 +170,7 @@ class RuleRegistry:
         self._consumer: Consumer | None = None
         self._probe: Consumer | None = None
         self.problems: list[RuleProblem] = []
+        self.problem_count = 0
         state_dir.mkdir(parents=True, exist_ok=True)
 
     # -- reading ---------------------------------------------------------------------
@@ -166,16 +205,25 @@ class RuleRegistry:
             if msg is None or msg.error():
                 continue
             key = msg.key().decode("utf-8", errors="replace") if msg.key() is not None else None
-            with self._lock:
-                before = self._snapshot_text()
-                problem = apply_record(self._rules, key, msg.value(), msg.offset())
-                changed |= before != self._snapshot_text()
+            try:
+                with self._lock:
+                    before = self._snapshot_text()
+                    problem = apply_record(self._rules, key, msg.value(), msg.offset(), self._seen)
+                    changed |= before != self._snapshot_text()
+            except Exception as exc:  # noqa: BLE001 - whatever it is, the record is skipped
+                problem = _problem(msg.offset(), key, "", f"invalid rule: cannot apply it ({exc!r:.300})")
+            # The offset moves on whatever happened to the record.
             self._offsets[msg.partition()] = msg.offset() + 1
             if problem is not None:
                 self.problems.append(problem)
-                log.error("rules.active offset %s: %s", problem.offset, problem.reason)
+                del self.problems[:-1000]  # bounded; the count below keeps the total
+                self.problem_count += 1
+                log.error("%s offset %s: %s", self.topic, problem.offset, problem.reason[:500])
                 if self.on_problem:
-                    self.on_problem(problem)
+                    try:
+                        self.on_problem(problem)
+                    except Exception:  # reporting is best effort; the registry goes on
+                        log.exception("reporting a rule problem failed")
         if changed or not self.rules_file.exists():
             self._write()
         return changed
@@ -187,9 +235,7 @@ class RuleRegistry:
     def _write(self) -> None:
         with self._lock:
             snapshot = self._snapshot_text()
-            topics = RuleSet(check_references(self._rules)).topics()
         write_atomic(self.rules_file, snapshot)
-        write_atomic(self.topics_file, json.dumps(topics))
 
     def current(self) -> RuleSet:
         with self._lock:

@@ -67,10 +67,10 @@ def assess(status: Mapping | None, now: datetime, stale_after_s: float, max_lag:
     if state in ("failed", "stopped"):
         restart.append(f"job state is {state!r}")
     if status.get("restart_required"):
-        restart.append(
+        restart.extend(status.get("restart_reasons") or [
             f"rules need watermark delay {status.get('rules_watermark_delay_s')}s, "
             f"job started with {status.get('watermark_delay_s')}s"
-        )
+        ])
     updated = parse_time(status.get("updated_at"))
     if updated is None:
         restart.append(f"status has no valid updated_at ({status.get('updated_at')!r})")

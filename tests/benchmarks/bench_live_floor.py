@@ -4,7 +4,7 @@
 
 What the detection job cannot avoid on this machine, measured the way bench_detect.py
 measures the job (same producer, same latency from produce to the record on the sink
-topic): the `kafka_py` source (no JVM connector here, DESIGN.md), the JSON parse into
+topic): Spark's own Kafka connector as source and sink, the JSON parse into
 VARIANT and one field read, and the Kafka sink, with every event written back. With
 `--stateful` every event also passes through a transformWithStateInPandas operator
 grouped by a bucket of its user (one ValueState per bucket, one get and update per
@@ -69,16 +69,14 @@ def main() -> None:
 
     from spark_jobs.engine.events import classify
     from spark_jobs.engine.values import field
-    from spark_jobs.kafka.datasource import read_stream, register, write_stream
+    from spark_jobs.kafka.spark_io import read_stream, write_stream
     from spark_jobs.spark import session
     from spark_jobs.streaming.job import STATE_STORE
 
     work = Path(tempfile.mkdtemp(prefix="bench-floor-"))
     with EmbeddedBroker(port=free_port()) as broker:
         spark = session("live-floor", extra={"spark.sql.streaming.stateStore.providerClass": STATE_STORE})
-        register(spark)
-        raw = read_stream(spark, broker.bootstrap, "events.raw", max_offsets_per_trigger=100_000,
-                          options={"minPartitions": "4"})
+        raw = read_stream(spark, broker.bootstrap, ["events.raw"], max_offsets_per_trigger=100_000, min_partitions=4)
         events = classify(raw.select(F.col("value").cast("string").alias("raw")))
         out = events.select(F.col("raw").alias("value"), F.to_json(field(F.col("v"), "user_id")).alias("k"))
         if args.stateful:
@@ -90,7 +88,7 @@ def main() -> None:
                 pass_through_processor(), StructType([StructField("value", StringType())]), "Append", "None"
             )
         query = (
-            write_stream(out.select("value"), broker.bootstrap, "events.processed")
+            write_stream(out.select(F.lit("events.processed").alias("topic"), "value"), broker.bootstrap)
             .option("checkpointLocation", str(work / "ckpt"))
             .trigger(processingTime=f"{args.trigger_ms} milliseconds")
             .start()

@@ -34,10 +34,13 @@ def live(broker, tmp_path_factory, demo_inputs):
     """The seed rules published, the job running, the demo history produced."""
     rules = [lr.rule for lr in load_rules([ROOT / "rules"]).rules]
     publish_rules(rules, broker.bootstrap)
-    job = DetectJob(broker.bootstrap, tmp_path_factory.mktemp("detect"))
-    first = job.start()
+    # The history is on the broker before the job starts, so its first batch reads both
+    # topics together: produced one topic after the other into a running job, the later
+    # topic's older records would be behind the watermark the first one moved (late).
     for topic, path in demo_inputs.items():
         produce(broker.bootstrap, topic, path.read_text().splitlines())
+    job = DetectJob(broker.bootstrap, tmp_path_factory.mktemp("detect"))
+    first = job.start()
     yield job, first
     if job.proc and job.proc.poll() is None:
         assert job.stop() == 0, job.tail_log()

@@ -1,14 +1,16 @@
-"""Kafka I/O against a real broker (tansu over TCP) and a real local Spark session.
+"""Kafka I/O against a real Apache Kafka broker over TCP and a real local Spark session
+through Spark's own connector (`spark-sql-kafka-0-10`, jars from Maven Central).
 
 Each test uses its own topics on the session's broker, so tests do not see each other's
-records. What is held here is exactness: every produced record read once, in the
-Kafka schema, across restarts, micro-batch limits and topics added at run time.
+records. What is held here is what the platform relies on from the connector with its
+options (`spark_jobs.kafka.spark_io`): every produced record read once across restarts,
+a log that went back reported as data loss, rows routed by their topic column, and the
+platform's topic configs on the broker.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
@@ -18,17 +20,9 @@ from confluent_kafka import Producer
 
 from spark_jobs import cli
 from spark_jobs.kafka import admin
-from spark_jobs.kafka.datasource import (
-    KAFKA_SCHEMA,
-    KafkaInputPartition,
-    fair_limit,
-    read_batch,
-    read_stream,
-    split_ranges,
-    write_batch,
-    write_stream,
-)
+from spark_jobs.kafka.broker import DEFAULT_TOPICS
 from spark_jobs.kafka.publisher import current_rules, publish_rules
+from spark_jobs.kafka.spark_io import read_batch, read_stream, write_stream
 from spark_jobs.rules.model import parse_rule
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
@@ -88,31 +82,13 @@ def test_batch_read_returns_exactly_the_produced_records(spark, kafka_broker):
     records.append((0, None, b"\xff\xfe not utf-8"))  # bad input must come through as bytes
     produce(bs, topic, records)
 
-    df = read_batch(spark, bs, topic)
-    assert df.schema == KAFKA_SCHEMA
-    rows = df.collect()
+    rows = read_batch(spark, bs, [topic]).collect()
 
     assert len(rows) == len(records)
     got = sorted(((r.partition, r.key, r.value) for r in rows), key=repr)
     assert got == sorted(records, key=repr)
     assert {(r.partition, r.offset) for r in rows} == {(0, o) for o in range(201)} | {(1, o) for o in range(200)}
-    assert all(r.topic == topic and r.timestampType == 0 and r.timestamp is not None for r in rows)
-
-
-def test_batch_read_offset_ranges_and_headers(spark, kafka_broker):
-    bs = kafka_broker.bootstrap
-    topic = new_topic(bs, "t.range")
-    produce(bs, topic, json_records(100), headers=[("source", b"test")])
-
-    ranged = read_batch(
-        spark, bs, topic, starting_offsets={topic: {"0": 10, "1": -2}}, ending_offsets={topic: {"0": 20, "1": -1}}
-    )
-    offsets = sorted((r.partition, r.offset) for r in ranged.select("partition", "offset").collect())
-    assert offsets == [(0, o) for o in range(10, 20)] + [(1, o) for o in range(50)]
-
-    with_headers = read_batch(spark, bs, topic, options={"includeHeaders": "true"}).collect()
-    assert len(with_headers) == 100
-    assert all([(h.key, h.value) for h in r.headers] == [("source", b"test")] for r in with_headers)
+    assert all(r.topic == topic and r.timestamp is not None for r in rows)
 
 
 def test_streaming_restart_on_checkpoint_reads_every_record_exactly_once(spark, kafka_broker, tmp_path):
@@ -122,12 +98,12 @@ def test_streaming_restart_on_checkpoint_reads_every_record_exactly_once(spark, 
     first = json_records(300)
     produce(bs, topic, first)
 
-    run_available_now(read_stream(spark, bs, topic), ckpt, sink="parquet", path=out)
+    run_available_now(read_stream(spark, bs, [topic]), ckpt, sink="parquet", path=out)
     assert spark.read.parquet(str(out)).count() == 300
 
     second = json_records(200, start=300)
     produce(bs, topic, second)
-    run_available_now(read_stream(spark, bs, topic), ckpt, sink="parquet", path=out)
+    run_available_now(read_stream(spark, bs, [topic]), ckpt, sink="parquet", path=out)
 
     rows = spark.read.parquet(str(out)).select("partition", "offset", "value").collect()
     assert len(rows) == 500
@@ -135,144 +111,100 @@ def test_streaming_restart_on_checkpoint_reads_every_record_exactly_once(spark, 
     assert sorted(r.value for r in rows) == sorted(v for _, _, v in first + second)
 
 
-def test_max_offsets_per_trigger_limits_each_micro_batch(spark, kafka_broker, tmp_path):
-    bs = kafka_broker.bootstrap
-    topic = new_topic(bs, "t.limit")
-    # Skewed on purpose: partition 0 has 700 records, partition 1 has 300.
-    produce(bs, topic, [(0 if i < 700 else 1, None, b"x%d" % i) for i in range(1000)])
-
-    query = run_available_now(
-        read_stream(spark, bs, topic, max_offsets_per_trigger=250), tmp_path / "ckpt", name="limited"
-    )
-    sizes = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
-    assert sizes == [250, 250, 250, 250]
-    end = query.recentProgress[0]["sources"][0]["endOffset"]
-    first = (json.loads(end) if isinstance(end, str) else end)[topic]
-    assert first == {"0": 125, "1": 125}  # shared fairly, not taken from the busy partition only
-    assert spark.table("limited").count() == 1000
-
-
-def test_subscribe_file_picks_up_new_topics_without_restart(spark, kafka_broker, tmp_path):
-    bs = kafka_broker.bootstrap
-    a = new_topic(bs, "t.sf.a")
-    later = f"t.sf.later.{uuid.uuid4().hex[:8]}"  # listed before it exists: skipped until it does
-    topics_file = tmp_path / "topics.json"
-    write_json_atomic(topics_file, [a, later])
-    produce(bs, a, json_records(50))
-
-    df = read_stream(spark, bs, topics_file=topics_file)
-    query = (
-        df.writeStream.format("memory")
-        .queryName("subscribed")
-        .option("checkpointLocation", str(tmp_path / "ckpt"))
-        .trigger(processingTime="200 milliseconds")
-        .start()
-    )
-    try:
-        query.processAllAvailable()
-        assert spark.table("subscribed").count() == 50
-
-        b = new_topic(bs, "t.sf.b")
-        produce(bs, b, json_records(30))
-        write_json_atomic(topics_file, [a, later, b])
-        admin.create_topics(bs, {later: admin.TopicSpec(partitions=2)})
-        produce(bs, later, json_records(20))
-        query.processAllAvailable()
-
-        rows = spark.table("subscribed").select("topic", "partition", "offset").collect()
-        by_topic = {t: sum(1 for r in rows if r.topic == t) for t in (a, b, later)}
-        assert by_topic == {a: 50, b: 30, later: 20}
-        assert len({(r.topic, r.partition, r.offset) for r in rows}) == 100
-    finally:
-        query.stop()
-
-
-def test_checkpoint_ahead_of_the_broker_is_reported_as_data_loss(spark, kafka_broker, tmp_path):
-    """What a memory-only broker restart looks like to a running query: offsets went back."""
+def test_a_log_that_went_back_stops_the_query_with_data_loss(spark, kafka_broker, tmp_path):
+    """What a broker that lost its log looks like to a query: the checkpoint's offsets
+    are ahead of the topic. The platform's reader options refuse to skip silently."""
     bs = kafka_broker.bootstrap
     topic = new_topic(bs, "t.loss", partitions=1)
     produce(bs, topic, json_records(10, partitions=1))
-    ahead = {topic: {"0": 500}}
+    ckpt = tmp_path / "ckpt"
+    run_available_now(read_stream(spark, bs, [topic]), ckpt, name="loss_before")
+    assert spark.table("loss_before").count() == 10
 
-    strict = read_stream(spark, bs, topic, starting_offsets=ahead)
-    query = strict.writeStream.format("noop").option("checkpointLocation", str(tmp_path / "c1")).start()
-    with pytest.raises(Exception, match="data loss"):
-        query.awaitTermination(60)
-
-    lenient = read_stream(spark, bs, topic, starting_offsets=ahead, options={"failOnDataLoss": "false"})
-    run_available_now(lenient, tmp_path / "c2", name="lenient")
-    assert spark.table("lenient").count() == 10  # re-read from the start of what is there
-
-
-def write_json_atomic(path: Path, data: object) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
+    recreate(bs, topic)
+    produce(bs, topic, json_records(3, partitions=1))
+    query = read_stream(spark, bs, [topic]).writeStream.format("noop").option(
+        "checkpointLocation", str(ckpt)).trigger(availableNow=True).start()
+    with pytest.raises(Exception, match="(?i)data (may have been|loss|was lost)|offset was changed"):
+        query.awaitTermination(120)
 
 
-def test_fair_limit_shares_and_never_exceeds():
-    begin = {("t", 0): 0, ("t", 1): 0, ("t", 2): 0}
-    end = {("t", 0): 1000, ("t", 1): 10, ("t", 2): 1000}
-    limited = fair_limit(begin, end, 300)
-    assert limited == {("t", 0): 145, ("t", 1): 10, ("t", 2): 145}
-    assert fair_limit(begin, end, 5000) == end
+def recreate(bootstrap: str, topic: str) -> None:
+    """Delete a topic and create it empty again (its offsets restart at 0)."""
+    client = admin.admin_client(bootstrap)
+    client.delete_topics([topic])[topic].result(30)
+    for _ in range(100):
+        try:
+            admin.create_topics(bootstrap, {topic: admin.TopicSpec(partitions=1)})
+            return
+        except RuntimeError:  # deletion still in progress
+            import time
 
-
-def test_min_partitions_splits_ranges_without_gaps_or_overlaps():
-    ranges = [KafkaInputPartition("t", 0, 0, 1000), KafkaInputPartition("t", 1, 50, 60)]
-    split = split_ranges(ranges, 8)
-    assert len(split) >= 8
-    covered = sorted((r.partition, o) for r in split for o in range(r.start, r.end))
-    assert covered == [(0, o) for o in range(1000)] + [(1, o) for o in range(50, 60)]
+            time.sleep(0.2)
+    raise AssertionError(f"could not recreate {topic}")
 
 
 # ----------------------------------------------------------------------------- writing
 
 
-def test_batch_writer_writes_rows_that_read_back(spark, kafka_broker):
+def test_stream_writer_routes_rows_by_their_topic_column(spark, kafka_broker, tmp_path):
     bs = kafka_broker.bootstrap
-    topic = new_topic(bs, "t.write")
-    rows = [("k1", b'{"a": 1}'), (None, b"\xff raw bytes"), ("k3", b"")]
-    df = spark.createDataFrame(rows, "key string, value binary")
-    write_batch(df, bs, topic=topic)
-
-    got = sorted(((r.key, r.value) for r in admin.read_all(bs, topic)), key=repr)
-    assert got == sorted((((k.encode() if k else None), v) for k, v in rows), key=repr)
-
-
-def test_batch_writer_routes_by_topic_column(spark, kafka_broker):
-    bs = kafka_broker.bootstrap
-    t1, t2 = new_topic(bs, "t.route1"), new_topic(bs, "t.route2")
-    df = spark.createDataFrame([(t1, "a"), (t2, "b"), (t2, "c")], "topic string, value string")
-    write_batch(df, bs)
-    assert [r.value for r in admin.read_all(bs, t1)] == [b"a"]
-    assert sorted(r.value for r in admin.read_all(bs, t2)) == [b"b", b"c"]
-
-
-def test_writer_delivery_error_fails_the_write(spark, kafka_broker):
-    bs = kafka_broker.bootstrap
-    topic = new_topic(bs, "t.fail", partitions=1)
-    df = spark.createDataFrame([("v", 7)], "value string, partition int")  # partition 7 does not exist
-    with pytest.raises(Exception, match="not delivered|Unknown partition"):
-        write_batch(df, bs, topic=topic, options={"kafka.message.timeout.ms": "5000"})
-
-
-def test_stream_writer_copies_a_topic(spark, kafka_broker, tmp_path):
-    bs = kafka_broker.bootstrap
-    src, dst = new_topic(bs, "t.src"), new_topic(bs, "t.dst")
+    src, even, odd = new_topic(bs, "t.src"), new_topic(bs, "t.even"), new_topic(bs, "t.odd")
     produce(bs, src, json_records(120))
 
-    copied = read_stream(spark, bs, src).selectExpr("key", "value")
+    routed = read_stream(spark, bs, [src]).selectExpr(
+        f"CASE WHEN get_json_object(CAST(value AS STRING), '$.i') % 2 = 0 THEN '{even}' ELSE '{odd}' END AS topic",
+        "key", "value",
+    )
     query = (
-        write_stream(copied, bs, topic=dst)
+        write_stream(routed, bs)
         .option("checkpointLocation", str(tmp_path / "ckpt"))
         .trigger(availableNow=True)
         .start()
     )
     query.awaitTermination(120)
     assert query.exception() is None
-    got = sorted((r.key, r.value) for r in admin.read_all(bs, dst))
-    assert got == sorted((k, v) for _, k, v in json_records(120))
+    got_even = sorted((r.key, r.value) for r in admin.read_all(bs, even))
+    got_odd = sorted((r.key, r.value) for r in admin.read_all(bs, odd))
+    expected = [(k, v) for _, k, v in json_records(120)]
+    assert got_even == sorted(kv for kv in expected if json.loads(kv[1])["i"] % 2 == 0)
+    assert got_odd == sorted(kv for kv in expected if json.loads(kv[1])["i"] % 2 == 1)
+
+
+# ----------------------------------------------------------------------------- the broker
+
+
+def test_platform_topics_have_their_configs(kafka_broker):
+    from confluent_kafka.admin import ConfigResource
+
+    client = admin.admin_client(kafka_broker.bootstrap)
+    resources = [ConfigResource(ConfigResource.Type.TOPIC, t) for t in DEFAULT_TOPICS]
+    configs = {r.name: {k: v.value for k, v in f.result(30).items()}
+               for r, f in client.describe_configs(resources).items()}
+    assert configs["rules.active"]["cleanup.policy"] == "compact"
+    assert configs["detect.status"]["cleanup.policy"] == "compact"
+    assert configs["events.raw"]["cleanup.policy"] == "delete"
+    assert int(configs["events.raw"]["retention.ms"]) == 7 * 24 * 3600 * 1000
+    assert int(configs["events.deadletter"]["retention.ms"]) == 30 * 24 * 3600 * 1000
+
+
+def test_broker_keeps_topics_and_records_across_a_restart(tmp_path):
+    """The embedded broker's log lives in its data folder: a restart loses nothing."""
+    from spark_jobs.kafka.broker import EmbeddedBroker, free_port
+
+    data = tmp_path / "kafka"
+    broker = EmbeddedBroker(port=free_port(), data_dir=data, topics=["rules.active"]).start()
+    try:
+        produce(broker.bootstrap, "rules.active", [(0, b"r1", b'{"v": 1}'), (0, b"r2", b'{"v": 2}')])
+    finally:
+        broker.stop()
+    assert not broker.is_running()
+    again = EmbeddedBroker(port=broker.port, data_dir=data, topics=["rules.active"]).start()
+    try:
+        got = [(r.key, r.value) for r in admin.read_all(again.bootstrap, "rules.active")]
+    finally:
+        again.stop()
+    assert got == [(b"r1", b'{"v": 1}'), (b"r2", b'{"v": 2}')]
 
 
 # ----------------------------------------------------------------------------- publishing rules

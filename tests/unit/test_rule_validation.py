@@ -176,6 +176,16 @@ def test_unbumped_version_is_rejected(rules_repo, capsys, monkeypatch):
     assert "changed since HEAD: 1 file(s)" in out
 
 
+def test_a_lower_version_is_rejected(rules_repo, capsys, monkeypatch):
+    monkeypatch.chdir(rules_repo)
+    write(rules_repo / "rules", "a.yaml", THRESHOLD.replace('version: "1"', 'version: "10"'))
+    git(rules_repo, "commit", "-qam", "v10")
+    write(rules_repo / "rules", "a.yaml", THRESHOLD.replace("value: 20", "value: 30").replace('version: "1"', 'version: "9"'))
+    code, out = run_validate(capsys, "--base", "HEAD", "rules")
+    assert code == 1
+    assert "rules/a.yaml" in out and "field 'version'" in out and "lower than '10'" in out
+
+
 def test_base_checks_only_changed_files_but_whole_set_cross_rules(rules_repo, capsys, monkeypatch):
     monkeypatch.chdir(rules_repo)
     # An old broken file that this change does not touch is not this PR's problem...

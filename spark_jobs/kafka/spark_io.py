@@ -1,0 +1,96 @@
+"""Spark's own Kafka connector (`spark-sql-kafka-0-10`), with the platform's options.
+
+The jars come from `spark_jobs.jvm` (see `spark_jobs.spark.session`). This module only
+keeps the option names and the producer settings in one place, so the live job, the
+benchmarks and a backtest's topic replay read and write Kafka the same way.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming import DataStreamWriter
+
+# Writes are acknowledged by every in-sync replica and de-duplicated by the broker on a
+# producer retry, so a broker failover neither loses nor doubles a detection.
+PRODUCER_OPTIONS: dict[str, str] = {
+    "kafka.acks": "all",
+    "kafka.enable.idempotence": "true",
+    "kafka.linger.ms": "5",
+    "kafka.compression.type": "lz4",
+}
+
+
+def _source_options(
+    bootstrap: str,
+    topics: Iterable[str],
+    starting_offsets: str,
+    options: Mapping[str, str] | None,
+) -> dict[str, str]:
+    names = sorted(set(topics))
+    if not names:
+        raise ValueError("no topics to read")
+    opts = {
+        "kafka.bootstrap.servers": bootstrap,
+        # The exact names as a pattern, not `subscribe`: with `subscribe` Spark's offset
+        # reader fails on a topic that does not exist yet (a rule may name a topic before
+        # its first producer creates it); a pattern matches it once it is there, and its
+        # records are read from the start.
+        "subscribePattern": topic_pattern(names),
+        "startingOffsets": starting_offsets,
+        # Offsets that vanish (a broker that lost its log, retention past the
+        # checkpoint) stop the query with a data-loss error instead of skipping.
+        "failOnDataLoss": "true",
+    }
+    opts.update(options or {})
+    return opts
+
+
+def topic_pattern(topics: Iterable[str]) -> str:
+    """A Java regex that matches exactly these topic names."""
+    return "^(" + "|".join(re.escape(t) for t in sorted(set(topics))) + ")$"
+
+
+def read_stream(
+    spark: SparkSession,
+    bootstrap: str,
+    topics: Iterable[str],
+    starting_offsets: str = "earliest",
+    max_offsets_per_trigger: int | None = None,
+    min_partitions: int | None = None,
+    options: Mapping[str, str] | None = None,
+) -> DataFrame:
+    """A streaming DataFrame of Kafka records (key, value, topic, partition, offset,
+    timestamp, timestampType); offsets are tracked in the query's checkpoint."""
+    opts = _source_options(bootstrap, topics, starting_offsets, options)
+    if max_offsets_per_trigger:
+        opts["maxOffsetsPerTrigger"] = str(int(max_offsets_per_trigger))
+    if min_partitions:
+        opts["minPartitions"] = str(int(min_partitions))
+    return spark.readStream.format("kafka").options(**opts).load()
+
+
+def read_batch(
+    spark: SparkSession,
+    bootstrap: str,
+    topics: Iterable[str],
+    starting_offsets: str = "earliest",
+    ending_offsets: str = "latest",
+    options: Mapping[str, str] | None = None,
+) -> DataFrame:
+    """The records of `topics` between two offsets (default: all there is now)."""
+    opts = _source_options(bootstrap, topics, starting_offsets, options)
+    opts["endingOffsets"] = ending_offsets
+    return spark.read.format("kafka").options(**opts).load()
+
+
+def write_stream(df: DataFrame, bootstrap: str, options: Mapping[str, str] | None = None) -> DataStreamWriter:
+    """A Kafka sink for rows of (topic, key, value): each row goes to its own topic."""
+    return (
+        df.writeStream.format("kafka")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .options(**PRODUCER_OPTIONS)
+        .options(**dict(options or {}))
+    )
