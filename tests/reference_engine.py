@@ -108,9 +108,9 @@ _ASCII_WHITESPACE = " \t\n\r\f\v"
 def parse_number(value: Any) -> float | None:
     """The value as a float when it is a number or a numeric string, else None.
 
-    Booleans are not numbers. JSON numbers are taken as they are (json.loads turns an
-    overflowing literal such as 1e400 into inf; an int too large for a float becomes
-    +-inf the same way).
+    Booleans are not numbers. Only finite numbers count (DESIGN.md's numeric rule as the
+    README states it): json.loads turns an overflowing literal such as 1e400 into inf,
+    and an int too large for a double overflows; neither is a number a rule can use.
     """
     if isinstance(value, bool):
         return None
@@ -118,9 +118,9 @@ def parse_number(value: Any) -> float | None:
         try:
             return float(value)
         except OverflowError:
-            return math.inf if value > 0 else -math.inf
+            return None
     if isinstance(value, float):
-        return value
+        return value if math.isfinite(value) else None
     if isinstance(value, str):
         text = value.strip(_ASCII_WHITESPACE)
         if not _NUMERIC_STRING.fullmatch(text):

@@ -20,6 +20,7 @@ from spark_jobs.rules.model import AnyRule
 # strict (no "1_000", "1d", "NaN", "inf") so every implementation agrees on it.
 NUMERIC_RE = r"^\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*$"
 EPOCH_MS_CUTOFF = 1e11  # epoch numbers above this are milliseconds, else seconds
+_MAX_DOUBLE = 1.7976931348623157e308
 
 
 def json_path(path: str) -> str:
@@ -69,11 +70,16 @@ def _string_if(x: Column, is_string: Column) -> Column:
 
 
 def _number_if(x: Column, is_string: Column, is_number: Column, string: Column) -> Column:
-    """A JSON number, or a numeric string (`string`: the value as `as_string`), as DOUBLE."""
-    return (
+    """A JSON number, or a numeric string (`string`: the value as `as_string`), as DOUBLE.
+
+    Only finite numbers: a literal beyond the double range (`1e400`, or the string
+    "1e400") would read as Infinity and pass every `>` test and poison every sum; it is
+    no number a rule can use, so it reads as NULL (a missing value never matches)."""
+    d = (
         F.when(is_number, F.try_variant_get(x, "$", "double"))
         .when(is_string & string.rlike(NUMERIC_RE), F.trim(string).try_cast("double"))
     )
+    return F.when(F.abs(d) <= F.lit(_MAX_DOUBLE), d)
 
 
 def as_string(x: Column) -> Column:

@@ -43,6 +43,10 @@ def _source_options(
         # Offsets that vanish (a broker that lost its log, retention past the
         # checkpoint) stop the query with a data-loss error instead of skipping.
         "failOnDataLoss": "true",
+        # A broker restart (or a leader moving) must not fail the query: offset look-ups
+        # are retried for a minute before the query gives up (Spark's default: 3 tries).
+        "fetchOffset.numRetries": "60",
+        "fetchOffset.retryIntervalMs": "1000",
     }
     opts.update(options or {})
     return opts
