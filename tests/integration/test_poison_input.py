@@ -41,7 +41,7 @@ def _materialise(entry: dict, now: str) -> bytes | None:
         n = entry["nest"]
         return ('{"a":' * n + "1" + "}" * n).encode()
     if "value_hex" in entry:
-        return bytes.fromhex(entry["value_hex"].replace("{now}".encode().hex(), now.encode().hex()))
+        return bytes.fromhex(entry["value_hex"].replace(b"{now}".hex(), now.encode().hex()))
     if entry["value"] is None:
         return None
     text = entry["value"].replace("{now}", now)
