@@ -176,8 +176,19 @@ def snapshot_shape(rules: DataFrame) -> tuple[list[str], int]:
     return paths, max([r["n"] or 0 for r in rows], default=0)
 
 
-def _passes(conditions: Column, fast: Column, known: Callable[[Column], Column], slots: int) -> Column:
-    """Whether an event passes all of a rule's conditions.
+_ORDERING = ("<", ">", "<=", ">=")
+
+
+def _unreadable(c: Column, f: Column) -> Column:
+    """Condition `c` compares a number with an ordering operator and the event's value
+    at its path is there but is no number (`"abc"`, a literal beyond the double range):
+    the rule cannot read it, which is counted (why nothing fired), not an error."""
+    return ((c["kind"] == F.lit("num")) & c["op"].isin(*_ORDERING) & f["json"].isNotNull() & f["num"].isNull())
+
+
+def _passes(conditions: Column, fast: Column, known: Callable[[Column], Column], slots: int) -> tuple[Column, Column]:
+    """Whether an event passes all of a rule's conditions, and the path of a value that
+    kept it from passing because the rule could not read it (NULL when none did).
 
     Higher-order functions (forall over the array) are evaluated interpreted, and in
     Spark 4.2 every element or field read by an interpreted expression costs a
@@ -185,20 +196,36 @@ def _passes(conditions: Column, fast: Column, known: Callable[[Column], Column],
     at most `slots` conditions (as many as the rules had at start), all on paths read
     up front (`fast`, decided once per rule on the small side of the join), is compared
     as plain generated code; forall is only reached by the others.
+
+    The second value is set only when every other condition passes: an event that fails
+    the rule anyway was not kept from firing by the unreadable value.
     """
     n = F.size(conditions)
     fixed = F.lit(True)
+    fixed_or_unread = F.lit(True)
+    unread_path: Column = F.lit(None).cast("string")
     for i in range(slots):
         c = F.get(conditions, i)
         f = known(c["path"])
         ok = compare_spec(FieldValue(f["json"], f["num"], f["str"]), c["op"], c["kind"], c["num"], c["str"], c["flag"])
+        unread = (n > F.lit(i)) & _unreadable(c, f)
         fixed = fixed & ((n <= F.lit(i)) | ok)
-    rest = F.forall(
-        conditions,
-        lambda c: compare_spec(field_value(field(F.col("v"), c["path"])), c["op"], c["kind"], c["num"], c["str"],
-                               c["flag"]),
-    )
-    return conditions.isNotNull() & F.when(fast, fixed).otherwise(rest)
+        fixed_or_unread = fixed_or_unread & ((n <= F.lit(i)) | ok | unread)
+        unread_path = F.coalesce(unread_path, F.when(unread, c["path"]))
+
+    def slow_ok(c: Column) -> Column:
+        return compare_spec(field_value(field(F.col("v"), c["path"])), c["op"], c["kind"], c["num"], c["str"],
+                            c["flag"])
+
+    def slow_unread(c: Column) -> Column:
+        return _unreadable(c, _forms(field(F.col("v"), c["path"])))
+
+    rest = F.forall(conditions, slow_ok)
+    rest_or_unread = F.forall(conditions, lambda c: slow_ok(c) | slow_unread(c))
+    rest_path = F.get(F.filter(conditions, slow_unread), 0)["path"]
+    passes = conditions.isNotNull() & F.when(fast, fixed).otherwise(rest)
+    blocked = F.when(fast, F.when(fixed_or_unread, unread_path)).otherwise(F.when(rest_or_unread, rest_path))
+    return passes, F.when(conditions.isNotNull() & ~passes, blocked)
 
 
 def _fan_out(events: DataFrame, rules: DataFrame, known_paths: list[str] | None = None,
@@ -235,10 +262,13 @@ def _fan_out(events: DataFrame, rules: DataFrame, known_paths: list[str] | None 
         path_known(F.col("ts_path")).alias("r_ts_known"),
         path_known(F.col("val_path")).alias("r_val_known"),
     )
+    passes, blocked = _passes(F.col("r_conditions"), F.col("r_fast"), known, max_conditions)
     on = (
         (events["in_topic"] == r["r_topic"])
         & (r["r_route_from"].isNull() | (r["r_route_from"] == events["route_from"]))
-        & _passes(F.col("r_conditions"), F.col("r_fast"), known, max_conditions)
+        # Rows kept from passing only by a value the rule cannot read are joined too, to
+        # be counted (`skip`) and then dropped.
+        & (passes | blocked.isNotNull())
     )
     if keep_malformed:
         # Records that are not events come through once, with no rule, to be dead
@@ -250,6 +280,7 @@ def _fan_out(events: DataFrame, rules: DataFrame, known_paths: list[str] | None 
         joined = events.filter(F.col("_reason").isNull()).join(F.broadcast(r), on)
     extracted = joined.select(
         "*",
+        F.when(~passes, F.concat(F.lit("value at "), blocked, F.lit(" is not a number"))).alias("_skip"),
         lookup(F.col("r_key_path"), F.col("r_key_known")).alias("_fk"),
         lookup(F.col("r_ts_path"), F.col("r_ts_known")).alias("_ft"),
         lookup(F.col("r_val_path"), F.col("r_val_known")).alias("_fv"),
@@ -270,7 +301,9 @@ def _fan_out(events: DataFrame, rules: DataFrame, known_paths: list[str] | None 
         F.col("r_rule_json").alias("rule_json"),
         F.col("r_event_time").alias("event_time"),
         F.col("r_val_need").alias("val_need"),
-        "topic", "seq", "raw", "proc_ms", "_reason",
+        F.col("r_key_path").alias("key_path"),
+        F.col("r_val_path").alias("val_path"),
+        "topic", "seq", "raw", "proc_ms", "_reason", "_skip",
         F.when(F.col("r_key_path").isNull(), F.lit("")).otherwise(F.col("_fk")["json"]).alias("k"),
         F.when(too_far, F.lit(None)).otherwise(ts).alias("ts_ms"),
         F.when(too_far, F.lit(f"event time more than {max_ahead_ms} ms ahead of the record's broker timestamp"))
@@ -326,6 +359,16 @@ def _records(rows: DataFrame, kind: Column, members: Column, cfg: DetectConfig) 
     )
 
 
+SKIP_SEP = "\u001f"
+
+
+def _skipped() -> Column:
+    """Observed per micro-batch: `rule_id<SEP>reason` of every (event, rule) row that a
+    value the rule cannot read kept from counting; the driver adds them up by rule and
+    reason into the status (`unreadable`)."""
+    return F.collect_list(F.when(F.col("_skip").isNotNull(), F.concat_ws(SKIP_SEP, "rule_id", "_skip"))).alias("rows")
+
+
 def build(spark: SparkSession, cfg: DetectConfig, watermark_delay_s: float, topics: list[str],
           buckets: int = DEFAULT_KEY_BUCKETS, min_partitions: int = 0) -> DataFrame:
     """The whole job as one streaming DataFrame of (topic, key, value) Kafka records."""
@@ -342,6 +385,7 @@ def build(spark: SparkSession, cfg: DetectConfig, watermark_delay_s: float, topi
 
     # Threshold detections and the records that are not events: one scan.
     threshold = _fan_out(raw, rules.filter(F.col("rule_type") == "threshold"), known_paths, slots, keep_malformed=True)
+    threshold = threshold.observe("skipped_threshold", _skipped()).filter(F.col("_skip").isNull())
     matched = F.col("rule_id").isNotNull()
     threshold_records = _records(
         threshold.withColumn("ts_ms", F.col("proc_ms")).withColumn("reason", F.col("_reason")),
@@ -354,11 +398,20 @@ def build(spark: SparkSession, cfg: DetectConfig, watermark_delay_s: float, topi
     # also dead-letters late rows and event-time rows without a usable timestamp).
     max_ahead_ms = max(1_000, int(watermark_delay_s * 1000))
     keyed = _fan_out(raw, rules.filter(F.col("rule_type") != "threshold"), known_paths, slots,
-                     max_ahead_ms=max_ahead_ms).filter(
-        F.col("k").isNotNull()
-        & ((F.col("val_need") == "none") | ((F.col("val_need") == "num") & F.col("num").isNotNull())
-           | ((F.col("val_need") == "json") & F.col("jv").isNotNull()))
-        & (F.col("ts_ms").isNotNull() | F.col("event_time"))
+                     max_ahead_ms=max_ahead_ms)
+    # A row that cannot enter the window (no key, no usable value: DESIGN.md) is not an
+    # error, but it is counted per rule and reason, so "why did nothing fire" has an
+    # answer in the status.
+    no_value = (F.col("val_need") != "none") & F.col("jv").isNull()
+    not_number = (F.col("val_need") == "num") & F.col("jv").isNotNull() & F.col("num").isNull()
+    skip = F.coalesce(
+        F.col("_skip"),
+        F.when(F.col("k").isNull(), F.concat(F.lit("no value at "), F.col("key_path"))),
+        F.when(no_value, F.concat(F.lit("no value at "), F.col("val_path"))),
+        F.when(not_number, F.concat(F.lit("value at "), F.col("val_path"), F.lit(" is not a number"))),
+    )
+    keyed = keyed.withColumn("_skip", skip).observe("skipped_keyed", _skipped()).filter(
+        F.col("_skip").isNull() & (F.col("ts_ms").isNotNull() | F.col("event_time"))
     )
     # The job watermark: bounded out-of-orderness over event-time rows. The metadata is
     # then projected away (wm_ts re-derived) so Spark does not drop late rows silently;
@@ -397,6 +450,7 @@ class StatusReporter:
         self.registry = registry
         self.watermark_delay_s = watermark_delay_s
         self.topics = sorted(topics or [])
+        self.unreadable: dict[str, dict[str, int]] = {}
         self.started_at = time.time()
         self.query_id: str | None = None
         self.run_id: str | None = None
@@ -439,6 +493,8 @@ class StatusReporter:
             "source_topics": self.topics,
             "rule_versions": rules.versions(),
             "rule_problems": self.registry.problem_count,
+            # Since the job started: values rules could not read, by rule and reason.
+            "unreadable": self.unreadable,
             "last_batch_id": p.get("batchId"),
             "last_batch_time": p.get("timestamp"),
             "input_rows_per_second": p.get("inputRowsPerSecond"),
@@ -449,6 +505,21 @@ class StatusReporter:
             "lag": lag,
             "watermark": (p.get("eventTime") or {}).get("watermark"),
         }
+
+    def count_unreadable(self, progress: dict) -> None:
+        """Add one batch's observed skipped rows to the per-rule, per-reason totals."""
+        metrics = progress.get("observedMetrics") or {}
+        for name in ("skipped_threshold", "skipped_keyed"):
+            observed = metrics.get(name)  # a pyspark Row (or a dict, from JSON)
+            try:
+                rows = (observed["rows"] if observed is not None else None) or []
+            except (KeyError, ValueError, AttributeError):
+                log.warning("observed metric %s has no rows: %r", name, observed)
+                continue
+            for entry in rows:
+                rule_id, _, reason = str(entry).partition(SKIP_SEP)
+                per_rule = self.unreadable.setdefault(rule_id, {})
+                per_rule[reason] = per_rule.get(reason, 0) + 1
 
     def publish(self) -> dict:
         snap = self.snapshot()
@@ -541,6 +612,7 @@ def run(cfg: DetectConfig, stop: threading.Event | None = None) -> int:
             if p is not None and p.get("batchId") != last_batch:
                 last_batch = p.get("batchId")
                 status.progress = p
+                status.count_unreadable(p)
             status.publish()
         if not query.isActive and query.exception() is not None:
             log.error("detection query failed: %s", query.exception())

@@ -347,7 +347,17 @@ class DetectionProcessor(StatefulProcessor):
         earliest: int | None = None
         changed = False
         for k, key_rows in by_key.items():
-            stored = self._key(rule, sig, k, key_rows, watermark, out, keys.get(k))
+            key_out: list[tuple] = []
+            try:
+                stored = self._key(rule, sig, k, key_rows, watermark, key_out, keys.get(k))
+            except Exception as exc:  # noqa: BLE001 - one key's failure must not fail the batch
+                # The key's rows become dead letters with the error and its state stays as
+                # it was; the batch, every other key and the job go on. Failing the batch
+                # would fail it again on every restart: the same rows come back.
+                reason = f"rule evaluation failed: {type(exc).__name__}: {str(exc)[:300]}"
+                out.extend(_out("dead", rule, _to_row(r), reason=reason) for r in key_rows)
+                continue
+            out.extend(key_out)
             if stored is None:
                 continue
             keys[k] = stored

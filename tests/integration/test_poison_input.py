@@ -170,6 +170,15 @@ def test_the_job_never_leaves_running_and_rules_move_only_forward(poisoned):
     assert status["rule_problems"] == len(CORPUS["rules"])
 
 
+def test_values_a_rule_cannot_read_are_counted_per_rule_and_reason(poisoned):
+    """`"abc"` and `1e400` where a rule compares a number fire nothing, and the status
+    says why (the clicks without `value` are not counted: a missing value is no error)."""
+    job = poisoned["job"]
+    status = job.wait_for(lambda s: s.get("lag") == 0 and s.get("unreadable"), timeout=120)
+    counts = status["unreadable"]
+    assert counts.get("poison_threshold") == {"value at $['value'] is not a number": 2}, counts
+
+
 def test_restart_with_the_poison_still_in_the_topics(poisoned, tmp_path):
     """The same checkpoint, and a new one that reads every poison record again."""
     job, bs = poisoned["job"], poisoned["broker"].bootstrap

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import json
+import zlib
 import math
 import pickle
 import random
@@ -336,7 +337,8 @@ def _run_pandas(batches: list[tuple[int, list[dict]]], buckets: int, max_records
         tester._currentWatermarkMs = watermark
         got = []
         if rows:
-            bucketed = [{**r, "bucket": hash(r["k"]) % buckets} for r in rows]
+            # Deterministic bucketing (crc32, not Python's salted hash()): a failure replays.
+            bucketed = [{**r, "bucket": zlib.crc32(r["k"].encode()) % buckets} for r in rows]
             for key, frames in _worker_groups(bucketed, max_records):
                 tester.handle.setGroupingKey(key)
                 got += _spark_reads(proc.handleInputRows(key, frames, tester._getTimerValues()))
@@ -398,6 +400,36 @@ def test_rows_without_a_timestamp_are_dead_letters_and_touch_no_state():
     reason = "missing or unparseable timestamp needed by velocity rule"
     assert dead == [(1, None, reason), (3, None, reason)]
     assert set(_bucket_keys(tester, ("v_count", 0))) == {"b"}
+
+
+def test_a_key_whose_evaluation_fails_is_dead_lettered_and_the_batch_goes_on(monkeypatch):
+    """A bug or an unforeseen value in one key's evaluation must not fail the batch (it
+    would fail again on every restart): that key's rows are dead letters with the
+    error, its state is left as it was, every other key is evaluated."""
+    from spark_jobs.streaming import processor as processor_module
+
+    rule = VELOCITY[0]
+    rule_json = json.dumps(parse_rule(rule).model_dump(mode="json"))
+    real_step = processor_module.velocity_step
+
+    def exploding_step(*args: Any, **kwargs: Any) -> Any:
+        if any(isinstance(a, list) and any(getattr(r, "num", None) == 13.0 for r in a) for a in args):
+            raise ArithmeticError("boom")
+        return real_step(*args, **kwargs)
+
+    monkeypatch.setattr(processor_module, "velocity_step", exploding_step)
+
+    def row(k: str, seq: int, num: float) -> dict:
+        return dict(rule_id="v_count", k=k, role="primary", rule_json=rule_json, event_time=True, ts_ms=BASE + seq,
+                    seq=seq, topic="t", raw=f'{{"seq": {seq}}}', num=num, jv=None)
+
+    tester = TwsTester(DetectionProcessor(), timeMode="EventTime", eventTimeExtractor=lambda r: 1 << 62)
+    got = _spark_reads(tester.testInPandas(("v_count", 0), pd.DataFrame([
+        row("good", 1, 1.0), row("bad", 2, 13.0), row("bad", 3, 1.0), row("good", 4, 1.0)])))
+    names = OUTPUT_SCHEMA.names
+    dead = sorted((r[names.index("seq")], r[names.index("reason")]) for r in got if r[0] == "dead")
+    assert dead == [(2, "rule evaluation failed: ArithmeticError: boom"), (3, "rule evaluation failed: ArithmeticError: boom")]
+    assert set(_bucket_keys(tester, ("v_count", 0))) == {"good"}
 
 
 # ------------------------------------------------------------------ velocity_step by definition
