@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import io
 import json
-import zlib
 import math
 import pickle
 import random
+import zlib
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
