@@ -64,6 +64,9 @@ class DetectConfig:
     trigger_ms: int = 500
     max_offsets_per_trigger: int = 100_000
     starting_offsets: str = "earliest"
+    # Off only by the operator's choice (`--allow-data-loss`): then a log that lost
+    # records (or went back) is read from what is there instead of stopping the job.
+    fail_on_data_loss: bool = True
     master: str | None = None
     status_file: Path | None = None
     # Keys of a rule are spread over this many buckets (one Python call per bucket and
@@ -144,6 +147,7 @@ def _input(spark: SparkSession, cfg: DetectConfig, topics: list[str], min_partit
         # A micro-batch of one busy topic partition is split into several tasks, so
         # parsing and the rule join use every core.
         min_partitions=min_partitions or None,
+        options=None if cfg.fail_on_data_loss else {"failOnDataLoss": "false"},
     )
     # Routed velocity emits carry the original topic and arrival position in their key.
     routed = F.col("topic") == F.lit(ROUTED_TOPIC)
@@ -151,7 +155,7 @@ def _input(spark: SparkSession, cfg: DetectConfig, topics: list[str], min_partit
     return raw.select(
         F.col("topic").alias("in_topic"),
         F.when(routed, F.get_json_object(key, "$.topic")).otherwise(F.col("topic")).alias("topic"),
-        F.when(routed, F.get_json_object(key, "$.seq").cast("long"))
+        F.when(routed, F.get_json_object(key, "$.seq").try_cast("long"))
         .otherwise(F.col("partition").cast("long") * F.lit(1 << 40) + F.col("offset"))
         .alias("seq"),
         F.when(routed, F.get_json_object(key, "$.from")).alias("route_from"),
