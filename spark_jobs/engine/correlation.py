@@ -107,11 +107,13 @@ def _resolve(union: DataFrame, rule: CorrelationRule) -> DataFrame:
     lo = F.coalesce(F.count(cval).over(before_lb), F.lit(0))
     out = union.select("*", hi.alias("_hi"), lo.alias("_lo"), in_frame(F.sum(exact)).alias("_sum"))
     n = F.col("_hi") - F.col("_lo")
-    out = out.select("*", n.alias("ctx_count"), F.when(n > 0, (F.col("_sum") / n).cast("double")).alias("ctx_num"))
-    if rule.context_resolution == "mean_std":
-        out = out.join(_std(out, lb), ["k", "_lo", "_hi"], "left")
-    else:
-        out = out.withColumn("ctx_std", F.lit(None).cast("double"))
+    # The exact sum rounded once to a double, then divided in double, as the live job
+    # does (math.fsum / n); a DECIMAL division would round to its own scale.
+    out = out.select("*", n.alias("ctx_count"),
+                     F.when(n > 0, F.col("_sum").cast("double") / n.cast("double")).alias("ctx_num"))
+    # DESIGN.md: under `mean` and `mean_std` alike the detection's context is
+    # {mean, std, count} (the live job renders the same), so the std is computed for both.
+    out = out.join(_std(out, lb), ["k", "_lo", "_hi"], "left")
     record = F.to_json(F.struct(F.col("ctx_num").alias("mean"), F.col("ctx_std").alias("std"), F.col("ctx_count").alias("count")))
     return out.select(
         "*",

@@ -138,7 +138,9 @@ def _aggregate(i: int, rule: VelocityRule) -> Column:
         return in_window(F.sum(exact)).cast("double")
     if kind == "avg":
         # A row that does not enter this rule may see an empty window: NULL, not an error.
-        return F.try_divide(in_window(F.sum(exact)), in_window(F.count(val))).cast("double")
+        # The exact sum rounded once to a double, then divided in double: what the live
+        # job computes (math.fsum / n). DECIMAL division would round to its own scale.
+        return F.try_divide(in_window(F.sum(exact)).cast("double"), in_window(F.count(val)).cast("double"))
     # min, max and distinct_count do not subtract: a sliding range frame it is.
     sliding = by_time.rangeBetween(-(w_ms - 1), -1) if w_ms > 1 else None
 
