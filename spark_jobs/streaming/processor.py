@@ -298,6 +298,27 @@ def _load_rows(b: bytes | None) -> list[Row]:
     return list(map(Row, ts, seq, num, jv, raw, topic))
 
 
+def _forget_idle_processing_time_keys(rule: VelocityRule, keys: dict[str, tuple],
+                                     batch: dict[str, list[tuple]]) -> bool:
+    """Drop the keys of a processing-time rule whose window is empty by now.
+
+    Processing time has no watermark and the operator's timers are event-time ones, so
+    these keys are swept whenever their bucket is called: `now` is the newest broker
+    time in the batch, and a key whose newest entry is a whole window older holds
+    nothing any later event can see. (As with event-time expiry, a key forgotten this
+    way has no "previous event" for `last_event` when it comes back.) Returns whether
+    any key was dropped.
+    """
+    times = [r[TS] for rows in batch.values() for r in rows if r[TS] is not None]
+    if not times:
+        return False
+    horizon = max(times) - rule.window_ms
+    idle = [k for k, v in keys.items() if k not in batch and v[MAX_TS] is not None and v[MAX_TS] <= horizon]
+    for k in idle:
+        del keys[k]
+    return bool(idle)
+
+
 class DetectionProcessor(StatefulProcessor):
     """One instance per task; `handleInputRows` runs per (rule_id, bucket) of a batch."""
 
@@ -365,6 +386,8 @@ class DetectionProcessor(StatefulProcessor):
             expiry = stored[EXPIRY]
             if expiry is not None and (earliest is None or expiry < earliest):
                 earliest = expiry
+        if isinstance(rule, VelocityRule) and not rule.uses_event_time:
+            changed |= _forget_idle_processing_time_keys(rule, keys, by_key)
         # Keys not in this batch keep expiries at or after the registered timer; it only
         # has to move when a key of this batch needs an earlier one.
         if earliest is not None and (timer is None or earliest < timer):

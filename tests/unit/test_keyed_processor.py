@@ -382,6 +382,35 @@ def test_bucket_state_is_forgotten_when_every_key_expired():
     assert not list(tester.handle._timers.listTimers(("v_count", 0)))
 
 
+@pytest.mark.parametrize("time_mode", ["processing_time", "event_time"])
+def test_state_goes_back_down_when_short_lived_keys_come_and_go(time_mode):
+    """200k distinct keys, each seen once, 2,000 a batch, time moving 10 s a batch with a
+    5 s window: the bucket's state (keys and bytes) rises with the first batches and
+    stays flat after, instead of growing with every key ever seen."""
+    rule = {"rule_id": "v_short", "version": "1", "rule_type": "velocity", "source_topic": "t", "group_by": "user",
+            "window_size": 5, "window_unit": "seconds", "aggregation_type": "count", "threshold": 3,
+            "time_mode": time_mode, "watermark_delay": 1}
+    if time_mode == "event_time":
+        rule["timestamp_field"] = "ts"
+    rule_json = json.dumps(parse_rule(rule).model_dump(mode="json"))
+    tester = TwsTester(DetectionProcessor(), timeMode="EventTime", eventTimeExtractor=lambda r: 1 << 62)
+    key = ("v_short", 0)
+    sizes = []
+    for b in range(100):
+        now = BASE + b * 10_000
+        tester._currentWatermarkMs = max(0, now - 10_000 - 1_000) if time_mode == "event_time" else 0
+        rows = [dict(rule_id="v_short", k=f'"k{b}-{i}"', role="primary", rule_json=rule_json,
+                     event_time=time_mode == "event_time", ts_ms=now + i, seq=b * 10_000 + i, topic="t",
+                     raw="{}", num=None, jv=None) for i in range(2_000)]
+        tester.testInPandas(key, pd.DataFrame(rows))
+        tester._handleExpiredTimers()
+        v = tester.peekValueState("bucket", key)
+        sizes.append((len(_bucket_keys(tester, key)), len(v[1]) if v and v[1] else 0))
+    most_keys = max(n for n, _ in sizes)
+    assert most_keys < 10_000, sizes[:5]  # never more than the keys of the last batches
+    assert sizes[-1][0] <= 4_000 and sizes[-1][1] <= 2 * sizes[3][1], sizes[-5:]
+
+
 def test_rows_without_a_timestamp_are_dead_letters_and_touch_no_state():
     rule = VELOCITY[0]
     rule_json = json.dumps(parse_rule(rule).model_dump(mode="json"))
