@@ -373,6 +373,39 @@ def _skipped() -> Column:
     return F.collect_list(F.when(F.col("_skip").isNotNull(), F.concat_ws(SKIP_SEP, "rule_id", "_skip"))).alias("rows")
 
 
+def threshold_rows(raw: DataFrame, rules: DataFrame, known_paths: list[str], slots: int) -> DataFrame:
+    """Per (event, threshold rule it passes) one row, plus each record that is not an
+    event once (rule_id NULL, `_reason` set); rows a value the rule cannot read kept
+    from passing are counted (observed `skipped_threshold`) and dropped."""
+    rows = _fan_out(raw, rules.filter(F.col("rule_type") == "threshold"), known_paths, slots, keep_malformed=True)
+    return rows.observe("skipped_threshold", _skipped()).filter(F.col("_skip").isNull())
+
+
+def keyed_rows(raw: DataFrame, rules: DataFrame, known_paths: list[str], slots: int, max_ahead_ms: int) -> DataFrame:
+    """The stateful operator's input: per (event, velocity/correlation rule it passes)
+    one row with its key, time and value.
+
+    A row without a key or a value does not enter the window (DESIGN.md: a missing value
+    is no error, and most events of a shared topic lack most rules' fields). A value
+    that is there but cannot be read (a non-number where the rule sums or compares
+    numbers) is counted per rule and reason (observed `skipped_keyed`), so "why did
+    nothing fire" has an answer in the status.
+    """
+    keyed = _fan_out(raw, rules.filter(F.col("rule_type") != "threshold"), known_paths, slots,
+                     max_ahead_ms=max_ahead_ms)
+    not_number = (F.col("val_need") == "num") & F.col("jv").isNotNull() & F.col("num").isNull()
+    skip = F.coalesce(
+        F.col("_skip"),
+        F.when(not_number, F.concat(F.lit("value at "), F.col("val_path"), F.lit(" is not a number"))),
+    )
+    enters = (F.col("k").isNotNull()
+              & ((F.col("val_need") == "none") | ((F.col("val_need") == "num") & F.col("num").isNotNull())
+                 | ((F.col("val_need") == "json") & F.col("jv").isNotNull())))
+    return keyed.withColumn("_skip", skip).observe("skipped_keyed", _skipped()).filter(
+        F.col("_skip").isNull() & enters & (F.col("ts_ms").isNotNull() | F.col("event_time"))
+    )
+
+
 def build(spark: SparkSession, cfg: DetectConfig, watermark_delay_s: float, topics: list[str],
           buckets: int = DEFAULT_KEY_BUCKETS, min_partitions: int = 0) -> DataFrame:
     """The whole job as one streaming DataFrame of (topic, key, value) Kafka records."""
@@ -388,8 +421,7 @@ def build(spark: SparkSession, cfg: DetectConfig, watermark_delay_s: float, topi
     slots = max(1, max_conditions)
 
     # Threshold detections and the records that are not events: one scan.
-    threshold = _fan_out(raw, rules.filter(F.col("rule_type") == "threshold"), known_paths, slots, keep_malformed=True)
-    threshold = threshold.observe("skipped_threshold", _skipped()).filter(F.col("_skip").isNull())
+    threshold = threshold_rows(raw, rules, known_paths, slots)
     matched = F.col("rule_id").isNotNull()
     threshold_records = _records(
         threshold.withColumn("ts_ms", F.col("proc_ms")).withColumn("reason", F.col("_reason")),
@@ -400,23 +432,7 @@ def build(spark: SparkSession, cfg: DetectConfig, watermark_delay_s: float, topi
 
     # Velocity and correlation: the other scan, through the stateful operator (which
     # also dead-letters late rows and event-time rows without a usable timestamp).
-    max_ahead_ms = max(1_000, int(watermark_delay_s * 1000))
-    keyed = _fan_out(raw, rules.filter(F.col("rule_type") != "threshold"), known_paths, slots,
-                     max_ahead_ms=max_ahead_ms)
-    # A row that cannot enter the window (no key, no usable value: DESIGN.md) is not an
-    # error, but it is counted per rule and reason, so "why did nothing fire" has an
-    # answer in the status.
-    no_value = (F.col("val_need") != "none") & F.col("jv").isNull()
-    not_number = (F.col("val_need") == "num") & F.col("jv").isNotNull() & F.col("num").isNull()
-    skip = F.coalesce(
-        F.col("_skip"),
-        F.when(F.col("k").isNull(), F.concat(F.lit("no value at "), F.col("key_path"))),
-        F.when(no_value, F.concat(F.lit("no value at "), F.col("val_path"))),
-        F.when(not_number, F.concat(F.lit("value at "), F.col("val_path"), F.lit(" is not a number"))),
-    )
-    keyed = keyed.withColumn("_skip", skip).observe("skipped_keyed", _skipped()).filter(
-        F.col("_skip").isNull() & (F.col("ts_ms").isNotNull() | F.col("event_time"))
-    )
+    keyed = keyed_rows(raw, rules, known_paths, slots, max_ahead_ms=max(1_000, int(watermark_delay_s * 1000)))
     # The job watermark: bounded out-of-orderness over event-time rows. The metadata is
     # then projected away (wm_ts re-derived) so Spark does not drop late rows silently;
     # the processor dead-letters them instead.
