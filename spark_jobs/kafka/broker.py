@@ -318,15 +318,6 @@ class EmbeddedBroker:
         if self._own_dir and proc is not None and proc.returncode in (0, 143, -15):
             shutil.rmtree(self.data_dir, ignore_errors=True)
 
-    def kill(self) -> None:
-        """SIGKILL, as a crash would: nothing is flushed beyond what Kafka already wrote."""
-        proc = self._proc
-        if proc is not None and proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=30)
-        self._own_dir = False  # a crashed broker's folder is kept for its restart
-        self.stop()
-
     def __enter__(self) -> EmbeddedBroker:
         return self.start()
 

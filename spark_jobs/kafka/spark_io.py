@@ -2,7 +2,8 @@
 
 The jars come from `spark_jobs.jvm` (see `spark_jobs.spark.session`). This module only
 keeps the option names and the producer settings in one place, so the live job, the
-benchmarks and a backtest's topic replay read and write Kafka the same way.
+benchmarks and the tests read and write Kafka the same way. (The backtest reads
+recordings from files today; `read_batch` is what a topic replay would use.)
 """
 
 from __future__ import annotations
