@@ -70,6 +70,7 @@ from spark_jobs.streaming.keyed_logic import (
     evict_window,
     velocity_step,
 )
+from spark_jobs.streaming.rules_source import rule_def_path
 
 # One key's state, a tuple of these fields (inside the bucket's pickled value, not a
 # Spark schema): rule version and signature (str), last crossing flag (bool), newest
@@ -107,6 +108,17 @@ OUTPUT_SCHEMA = StructType([
 ])
 
 _RULES: dict[tuple[str, str], tuple[AnyRule, str]] = {}
+_BY_REF: dict[str, tuple[AnyRule, str]] = {}
+
+
+def _rule_by_ref(defs_dir: str, ref: str) -> tuple[AnyRule, str]:
+    """The rule a row names by reference (rules_source.RULE_DEFS), read once per process."""
+    hit = _BY_REF.get(ref)
+    if hit is None:
+        if len(_BY_REF) > 10_000:
+            _BY_REF.clear()
+        hit = _BY_REF[ref] = _rule(rule_def_path(defs_dir, ref).read_text())
+    return hit
 
 
 def _rule(rule_json: str) -> tuple[AnyRule, str]:
@@ -320,7 +332,14 @@ def _forget_idle_processing_time_keys(rule: VelocityRule, keys: dict[str, tuple]
 
 
 class DetectionProcessor(StatefulProcessor):
-    """One instance per task; `handleInputRows` runs per (rule_id, bucket) of a batch."""
+    """One instance per task; `handleInputRows` runs per (rule_id, bucket) of a batch.
+
+    A group's rule is named by its rows' `rule_ref`, read from `defs_dir` (the job), or
+    given whole in a `rule_json` column (tests and tools that build rows by hand).
+    """
+
+    def __init__(self, defs_dir: str | None = None) -> None:
+        self.defs_dir = defs_dir
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
@@ -342,13 +361,16 @@ class DetectionProcessor(StatefulProcessor):
     # -- the API -------------------------------------------------------------------------
     def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any) -> Iterator[pd.DataFrame]:
         by_key: dict[str, list[tuple]] = {}
-        rule_json = None
+        found: tuple[AnyRule, str] | None = None
         for pdf in rows:  # more than one when the group outgrows an Arrow batch
             if len(pdf) == 0:
                 continue
-            if rule_json is None:
+            if found is None:
                 # One consistent rule set per micro-batch: every row of a group has the same rule.
-                rule_json = pdf["rule_json"].iat[0]
+                if "rule_ref" in pdf and self.defs_dir is not None:
+                    found = _rule_by_ref(self.defs_dir, pdf["rule_ref"].iat[0])
+                else:
+                    found = _rule(pdf["rule_json"].iat[0])
             n = len(pdf)
             # `ts_issue` is absent from frames built by older callers: None then.
             cols = [_column(pdf[name], kind) if name in pdf else [None] * n for name, kind in _IN]
@@ -359,9 +381,9 @@ class DetectionProcessor(StatefulProcessor):
                     by_key[k] = [r]
                 else:
                     group.append(r)
-        if rule_json is None:
+        if found is None:
             return
-        rule, sig = _rule(rule_json)
+        rule, sig = found
         watermark = timerValues.getCurrentWatermarkInMs()
         timer, keys = self._load()
         out: list[tuple] = []
@@ -389,7 +411,11 @@ class DetectionProcessor(StatefulProcessor):
         if isinstance(rule, VelocityRule) and not rule.uses_event_time:
             changed |= _forget_idle_processing_time_keys(rule, keys, by_key)
         # Keys not in this batch keep expiries at or after the registered timer; it only
-        # has to move when a key of this batch needs an earlier one.
+        # has to move when a key of this batch needs an earlier one. Spark refuses a
+        # timer at or before the watermark (an event far in the past, with the watermark
+        # still at 0, has such an expiry): it fires at the next watermark move instead.
+        if earliest is not None:
+            earliest = max(earliest, watermark + 1)
         if earliest is not None and (timer is None or earliest < timer):
             if timer is not None:
                 self.handle.deleteTimer(timer)

@@ -12,7 +12,9 @@ values to typed specs, so the query evaluates them with the engine's own express
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,8 +35,35 @@ RULES_SCHEMA = (
     "rule_id string, rule_version string, rule_type string, role string, topic string, route_from string, "
     "rule_json string, event_time boolean, "
     "conditions array<struct<path:string,op:string,kind:string,num:double,str:string,flag:boolean>>, "
-    "key_path string, ts_path string, val_path string, val_need string"
+    "key_path string, ts_path string, val_path string, val_need string, rule_ref string"
 )
+
+# Folder (in the job's state directory) of rule definitions by content hash: the keyed
+# operator's rows name their rule by `rule_ref` instead of carrying its JSON (about
+# 600 bytes copied per (event, rule) row and sent to Python with each). A reference
+# names one text forever, so an operator reading it later still gets the rule of its
+# micro-batch, whatever the registry has written since.
+RULE_DEFS = "rule_defs"
+
+
+def rule_ref(rule_json: str) -> str:
+    return hashlib.sha256(rule_json.encode()).hexdigest()[:32]
+
+
+def rule_def_path(defs_dir: str | Path, ref: str) -> Path:
+    return Path(defs_dir) / f"{ref}.json"
+
+
+def write_rule_def(defs_dir: str | Path, rule_json: str) -> str:
+    """Store a rule's JSON under its reference (once; the file never changes)."""
+    ref = rule_ref(rule_json)
+    path = rule_def_path(defs_dir, ref)
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{ref}.{os.getpid()}.tmp")
+        tmp.write_text(rule_json)
+        os.replace(tmp, path)
+    return ref
 
 
 def _cond(c: Condition) -> tuple:
@@ -46,8 +75,15 @@ def _path(p: str | None) -> str | None:
     return json_path(p) if p else None
 
 
-def rule_rows(rule: AnyRule, routed_topic: str) -> list[tuple]:
-    """The rows of RULES_SCHEMA for one rule."""
+def rule_rows(rule: AnyRule, routed_topic: str, defs_dir: str | Path | None = None) -> list[tuple]:
+    """The rows of RULES_SCHEMA for one rule (its definition stored in `defs_dir`)."""
+    rows = _rule_rows(rule, routed_topic)
+    rj = rows[0][6]
+    ref = write_rule_def(defs_dir, rj) if defs_dir is not None else rule_ref(rj)
+    return [(*row, ref) for row in rows]
+
+
+def _rule_rows(rule: AnyRule, routed_topic: str) -> list[tuple]:
     rj = json.dumps(rule.model_dump(mode="json"), sort_keys=True)
     base = (rule.rule_id, rule.version, rule.rule_type)
     if isinstance(rule, ThresholdRule):
@@ -79,15 +115,16 @@ def rule_rows(rule: AnyRule, routed_topic: str) -> list[tuple]:
 
 
 class RulesSnapshotReader(DataSourceReader):
-    def __init__(self, path: str, routed_topic: str) -> None:
+    def __init__(self, path: str, routed_topic: str, defs_dir: str | None) -> None:
         self.path = path
         self.routed_topic = routed_topic
+        self.defs_dir = defs_dir
 
     def read(self, partition: object) -> Iterator[tuple]:
         p = Path(self.path)
         data = json.loads(p.read_text()) if p.exists() else {}
         for d in data.values():
-            yield from rule_rows(parse_rule(d), self.routed_topic)
+            yield from rule_rows(parse_rule(d), self.routed_topic, self.defs_dir)
 
 
 class RulesSnapshotDataSource(DataSource):
@@ -101,4 +138,5 @@ class RulesSnapshotDataSource(DataSource):
         return RULES_SCHEMA
 
     def reader(self, schema: object) -> DataSourceReader:
-        return RulesSnapshotReader(self.options["path"], self.options.get("routed_topic", "detect.routed"))
+        return RulesSnapshotReader(self.options["path"], self.options.get("routed_topic", "detect.routed"),
+                                   self.options.get("defs_dir"))

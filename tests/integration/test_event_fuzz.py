@@ -23,7 +23,7 @@ from spark_jobs.backtest.inputs import InputSpec
 from spark_jobs.backtest.runner import BacktestConfig, run_backtest
 from spark_jobs.engine.events import classify
 from spark_jobs.rules.model import parse_rule
-from spark_jobs.streaming.job import keyed_rows, snapshot_shape, threshold_rows
+from spark_jobs.streaming.job import keyed_rows, route_path, snapshot_shape, threshold_rows
 from spark_jobs.streaming.processor import OUTPUT_SCHEMA, DetectionProcessor
 from spark_jobs.streaming.registry import ROUTED_TOPIC
 from spark_jobs.streaming.rules_source import RULES_SCHEMA, rule_rows
@@ -65,18 +65,18 @@ RAW = st.sampled_from(['{"x": NaN, "ts": 1}', '{"x": Infinity}', '{"x": 1e400, "
 LINES = st.lists(st.one_of(EVENT.map(lambda e: json.dumps(e)), RAW), min_size=1, max_size=40)
 
 
-def _live_rows(spark, lines: list[str]) -> tuple[list, list]:
+def _live_rows(spark, lines: list[str], defs: Path) -> tuple[list, list]:
     rules = [parse_rule(r) for r in RULES]
-    rules_df = spark.createDataFrame([row for r in rules for row in rule_rows(r, ROUTED_TOPIC)], RULES_SCHEMA)
+    rules_df = spark.createDataFrame([row for r in rules for row in rule_rows(r, ROUTED_TOPIC, defs)], RULES_SCHEMA)
     raw = spark.createDataFrame([(i, line) for i, line in enumerate(lines)], "seq long, raw string").select(
         F.lit("e").alias("in_topic"), F.lit("e").alias("topic"), "seq", F.lit(None).cast("string").alias("route_from"),
         "raw", F.lit(1767600000000).cast("long").alias("proc_ms"))
     events = classify(raw)
     known, most = snapshot_shape(rules_df)
     slots = max(1, most)
-    threshold = threshold_rows(events, rules_df, known, slots).select("rule_id", "_reason").collect()
+    threshold = threshold_rows(events, rules_df, known, slots, route_path(rules_df)).select("rule_id", "_reason").collect()
     keyed = keyed_rows(events, rules_df, known, slots, max_ahead_ms=5_000).select(
-        "rule_id", "k", "role", "rule_json", "event_time", "ts_ms", "seq", "topic", "raw", "num", "jv", "ts_issue"
+        "rule_id", "k", "role", "rule_ref", "event_time", "ts_ms", "seq", "topic", "raw", "num", "jv", "ts_issue"
     ).collect()
     return threshold, keyed
 
@@ -93,10 +93,10 @@ def test_any_event_against_any_rule_never_raises(spark, tmp_path_factory, lines)
                                                  time_field="ts"))
     assert isinstance(summary, dict)
 
-    threshold, keyed = _live_rows(spark, lines)
+    threshold, keyed = _live_rows(spark, lines, work / "defs")
     assert all(r["rule_id"] is not None or r["_reason"] for r in threshold)
     # The keyed operator's Python, as the live job calls it (one call per rule).
-    tester = TwsTester(DetectionProcessor(), timeMode="EventTime", eventTimeExtractor=lambda r: 1 << 62)
+    tester = TwsTester(DetectionProcessor(str(work / "defs")), timeMode="EventTime", eventTimeExtractor=lambda r: 1 << 62)
     by_rule: dict[str, list[dict]] = {}
     for r in keyed:
         by_rule.setdefault(r["rule_id"], []).append(r.asDict())
