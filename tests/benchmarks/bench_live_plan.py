@@ -1,0 +1,111 @@
+"""The JVM cost of the live job's plan, part by part, without the stateful operator.
+
+    python tests/benchmarks/bench_live_plan.py [--events 300000] [--users 2000]
+
+Produces the bench_detect.py events into a real Kafka broker, then runs the live job's
+own plan pieces (job.py: `classify`, `threshold_rows`, `keyed_rows`) as batch queries
+over the topic through Spark's Kafka connector, each written to Spark's noop sink, twice
+(the second, warm run is printed). Prints wall time, events/s and the Spark JVM's CPU
+seconds per event: the CPU figure is what to compare between runs on a loaded machine,
+where wall time is not. Keyed rows per event says how many rows the stateful operator
+would get.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+from confluent_kafka import Producer
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
+from bench_backtest import jvm_cpu_s, make_rules  # noqa: E402
+
+from spark_jobs.engine.events import classify  # noqa: E402
+from spark_jobs.kafka import admin  # noqa: E402
+from spark_jobs.kafka.broker import EmbeddedBroker, free_port  # noqa: E402
+from spark_jobs.kafka.spark_io import read_batch  # noqa: E402
+from spark_jobs.rules.model import parse_rule  # noqa: E402
+from spark_jobs.spark import session  # noqa: E402
+from spark_jobs.streaming import job  # noqa: E402
+from spark_jobs.streaming.rules_source import RulesSnapshotDataSource  # noqa: E402
+
+
+def produce(bootstrap: str, n: int, users: int) -> None:
+    admin.create_topics(bootstrap, ["events.raw"])
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
+    rnd = random.Random(1)
+    types = ["purchase", "click", "view", "transfer"]
+    pairs = ["EURUSD", "GBPUSD", "USDJPY", "AUDUSD"]
+    now = int(time.time() * 1000)
+    for i in range(n):
+        ev = {"event_id": i, "type": types[rnd.randrange(4)], "user_id": f"u{rnd.randrange(users)}",
+              "amount": rnd.randrange(1000), "merchant": f"m{rnd.randrange(50)}", "ts": now + i, "sent_ms": now}
+        if i % 10 == 0:
+            ev["currency_pair"] = pairs[rnd.randrange(4)]
+            ev["implied_rate"] = round(1 + rnd.random() * 0.1, 4)
+        p.produce("events.raw", json.dumps(ev, separators=(",", ":")).encode())
+        if i % 10_000 == 0:
+            p.poll(0)
+    p.flush(60)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--events", type=int, default=300_000)
+    ap.add_argument("--users", type=int, default=2_000)
+    args = ap.parse_args()
+    n = args.events
+    work = Path(tempfile.mkdtemp(prefix="bench-live-plan-"))
+    with EmbeddedBroker(port=free_port(), data_dir=work / "kafka") as broker:
+        produce(broker.bootstrap, n, args.users)
+        (work / "rules").mkdir()
+        make_rules(work / "rules")
+        rules = {r["rule_id"]: parse_rule(r).model_dump(mode="json")
+                 for r in yaml.safe_load((work / "rules" / "bench.yaml").read_text())}
+        (work / "rules.json").write_text(json.dumps(rules))
+        spark = session("bench-live-plan")
+        spark.dataSource.register(RulesSnapshotDataSource)
+        records = read_batch(spark, broker.bootstrap, ["events.raw"], options={"minPartitions": "4"})
+        raw = classify(records.select(
+            F.col("topic").alias("in_topic"), "topic",
+            (F.col("partition").cast("long") * F.lit(1 << 40) + F.col("offset")).alias("seq"),
+            F.lit(None).cast("string").alias("route_from"), F.col("value").cast("string").alias("raw"),
+            F.unix_millis("timestamp").alias("proc_ms"),
+        ))
+        rules_df = (spark.read.format("rules_snapshot").option("path", str(work / "rules.json"))
+                    .option("defs_dir", str(work / "defs")).load())
+        paths, most = job.snapshot_shape(rules_df)
+        slots = max(1, most)
+        route = job.route_path(rules_df)
+
+        def timed(name: str, df: DataFrame) -> None:
+            for _ in range(2):  # the second run is warm
+                cpu0, t0 = jvm_cpu_s(spark), time.time()
+                df.write.format("noop").mode("overwrite").save()
+                wall, cpu = time.time() - t0, jvm_cpu_s(spark) - cpu0
+            print(f"{name}: {wall:.2f} s, {n / wall:,.0f} events/s; JVM CPU {cpu:.1f} s = {cpu / n * 1e6:.1f} us/event",
+                  flush=True)
+
+        print(f"machine: {platform.machine()} {platform.processor() or ''}, python {platform.python_version()}, "
+              f"Spark local[2]; {n} events, {args.users} users, routing path {route}")
+        timed("Kafka read", records)
+        timed("Kafka read + classify (VARIANT parse)", raw)
+        timed("threshold_rows (stateless branch)", job.threshold_rows(raw, rules_df, paths, slots, route))
+        keyed = job.keyed_rows(raw, rules_df, paths, slots, max_ahead_ms=10**12)
+        timed("keyed_rows (the stateful operator's input)", keyed)
+        print(f"keyed rows per event: {keyed.count() / n:.2f}")
+        spark.stop()
+
+
+if __name__ == "__main__":
+    main()
