@@ -23,6 +23,7 @@ from rule_lifecycle.operators import PublishRulesOperator, ReleaseApprovalOperat
 from rule_lifecycle.sensors import RulesCommitSensor
 
 from spark_jobs.lifecycle import release
+from spark_jobs.lifecycle.params import ReleaseParams, param_schema
 
 log = logging.getLogger(__name__)
 POLL = timedelta(minutes=float(os.environ.get("RULE_RELEASE_POLL_MINUTES", "5")))
@@ -52,8 +53,9 @@ with DAG(
     max_active_runs=1,
     tags=["rules", "release"],
     params={
-        "commit": Param(None, type=["null", "string"], description="Release this commit (default: new head of the branch)"),
-        "settings": Param({}, type="object", description="Overrides of the rule_lifecycle settings for this run"),
+        # Allow-listed (spark_jobs/lifecycle/params.py): Airflow refuses anything else at trigger time.
+        "commit": Param(None, **param_schema(ReleaseParams, "commit")),
+        "settings": Param({}, **param_schema(ReleaseParams, "settings")),
     },
     doc_md=__doc__,
 ) as dag:

@@ -46,6 +46,29 @@ def safe_name(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.=-]", "_", text)
 
 
+SCHEDULED_REPORT_DAG = "backtest_report"
+
+
+def report_key(
+    dag_id: str,
+    run_id: str,
+    logical_date: datetime | None = None,
+    data_interval_end: datetime | None = None,
+    run_after: datetime | None = None,
+) -> str:
+    """The name of a run's report folder under `<report_dir>/<dag_id>/`.
+
+    A release keeps one folder per run; the daily report one per day (the trend reads
+    the dated folders). The task that writes a report and the api-server that serves
+    it both call this with the DagRun's own columns, so the server derives the folder
+    itself instead of trusting a path from XCom."""
+    if dag_id == SCHEDULED_REPORT_DAG:
+        when = logical_date or data_interval_end or run_after
+        if when is not None:
+            return when.strftime("%Y-%m-%d")
+    return run_id
+
+
 def report_url(dag_id: str, run_id: str, base_url: str = "") -> str:
     """Where the plugin serves a run's report inside the Airflow api-server."""
     from urllib.parse import quote
@@ -306,19 +329,53 @@ def build_release_report(
     }
 
 
+_MD_PUNCTUATION = re.compile(r"""([!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~])""")
+
+
+def md_text(value: object) -> str:
+    """`value` as literal text inside Markdown: every ASCII punctuation character is
+    backslash-escaped (CommonMark allows it for all of them) and line breaks become
+    spaces, so a commit subject or author cannot add links, emphasis, HTML, table cells
+    or lines to what the approver reads."""
+    text = " ".join(str(value if value is not None else "").split())
+    return _MD_PUNCTUATION.sub(r"\\\1", text)
+
+
+def md_code(value: object) -> str:
+    """`value` as an inline code span it cannot close (backslashes are literal there)."""
+    text = " ".join(str(value if value is not None else "").split())
+    longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
+    fence = "`" * (longest + 1)
+    return f"{fence} {text} {fence}" if longest else f"`{text}`"
+
+
+def md_fence(body: str, info: str = "") -> list[str]:
+    """A fenced code block that `body` cannot close: the fence is longer than any
+    run of backticks inside it."""
+    longest = max((len(m) for m in re.findall(r"`+", body)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return [fence + info, body, fence]
+
+
 def approval_body(report: dict, url: str, topic: str) -> str:
-    """Markdown for the approval page: what changes, what it would have caught, the diff."""
+    """Markdown for the approval page: what changes, what it would have caught, the diff.
+
+    Everything that comes from git or a rule file (subject, author, rule ids,
+    versions, the diff) is escaped (`md_text`), a code span (`md_code`) or fenced
+    (`md_fence`): a commit message must not be able to forge what the approver reads."""
     ctx = report["context"]
+    base = ctx.get("base_commit")
     lines = [
-        f"**Commit** `{ctx['commit'][:12]}` by {ctx.get('author')}: *{ctx.get('commit_subject')}*  ",
-        f"Last published commit: `{str(ctx.get('base_commit'))[:15]}` · approving publishes to `{topic}`.",
+        f"**Commit** {md_code(str(ctx['commit'])[:12])} by {md_text(ctx.get('author'))}: "
+        f"*{md_text(ctx.get('commit_subject'))}*  ",
+        f"Last published commit: {md_code(str(base)[:15])} · approving publishes to {md_code(topic)}.",
         "",
         f"**[Open the backtest report]({url})** (plots, alerts added/removed, data quality, Data Docs)",
         "",
     ]
     for m in report.get("marks", []):
         icon = {"error": "⛔", "warning": "⚠️"}.get(m["level"], "ℹ️")
-        lines.append(f"{icon} {m['text']}  ")
+        lines.append(f"{icon} {md_text(m['text'])}  ")
     lines += [
         "",
         "| rule | published | candidate | alerts (published → candidate) | added | removed |",
@@ -326,13 +383,14 @@ def approval_body(report: dict, url: str, topic: str) -> str:
     ]
     for r in report["rules"]:
         p, c = r.get("published") or {}, r.get("candidate") or {}
-        lines.append(
-            f"| {r['rule_id']} | {r.get('published_version') or '–'} | {r.get('candidate_version') or '–'} | "
-            f"{p.get('detections', '–')} → {c.get('detections', '–')} | {r.get('added', 0)} | {r.get('removed', 0)} |"
-        )
+        cells = [
+            r["rule_id"], r.get("published_version") or "–", r.get("candidate_version") or "–",
+            f"{p.get('detections', '–')} → {c.get('detections', '–')}", r.get("added", 0), r.get("removed", 0),
+        ]
+        lines.append("| " + " | ".join(md_text(x) for x in cells) + " |")
     lines.append("")
     for r in report["rules"]:
-        lines += [f"**Rule diff: {r['rule_id']}**", "```diff", (r.get("diff") or "").rstrip(), "```", ""]
+        lines += [f"**Rule diff: {md_text(r['rule_id'])}**", *md_fence((r.get("diff") or "").rstrip(), "diff"), ""]
     return "\n".join(lines)
 
 

@@ -52,6 +52,9 @@ class LifecycleSettings:
     audit_dir: str = ""
     # Event history the backtests read: topic -> JSON Lines file or Parquet dir.
     history_inputs: dict[str, str] = field(default_factory=_default_inputs)
+    # The folder a trigger's `history_inputs` (relative paths) are read from: a run can
+    # choose files under it and nowhere else (spark_jobs/lifecycle/params.py).
+    history_root: str = str(PROJECT_ROOT / "tests" / "data" / "demo")
     history_lookback_hours: float = 24.0
     # "latest": the window ends at the newest event of the history (recordings);
     # "interval": it ends at the run's data interval end (live daily exports).
@@ -112,5 +115,22 @@ def env_settings(environ: Mapping[str, str] | None = None) -> dict:
 
 
 def resolve_settings(overrides: Mapping | None = None, *, use_airflow: bool = True) -> LifecycleSettings:
-    """Defaults < env < Airflow Variable < overrides (run conf / params)."""
+    """Defaults < env < Airflow Variable < overrides.
+
+    `overrides` is trusted (code, tests); a DAG run's params go through
+    `run_settings`, which allow-lists them first."""
     return layered_settings.resolve(LifecycleSettings, VARIABLE_NAME, ENV_PREFIX, overrides, use_airflow)
+
+
+def run_settings(params: Mapping, model: type | None = None, *, use_airflow: bool = True) -> LifecycleSettings:
+    """The settings of one DAG run from its params, after the allow-list
+    (`spark_jobs.lifecycle.params`): only documented keys, history inputs under the
+    configured `history_root`. Raises ParamsRejected."""
+    from spark_jobs.lifecycle import params as p
+
+    validated = p.validate_params(model or p.ReleaseParams, params)
+    extra = p.overrides(validated)
+    base = resolve_settings(use_airflow=use_airflow)
+    if "history_inputs" in extra:
+        extra["history_inputs"] = p.resolve_history_inputs(base.history_root, extra["history_inputs"])
+    return resolve_settings({**base.to_dict(), **extra}, use_airflow=False)

@@ -152,7 +152,7 @@ def test_release_waits_for_approval_then_publishes_exactly_the_changed_rule(rele
     run = af.start_dag_test("rule_release", log_name="release-approve")
     detail = af.wait_for_hitl("rule_release", run)
     run_id = detail["task_instance"]["dag_run_id"]
-    assert "rapid_clicks" in detail["body"] and "```diff" in detail["body"]
+    assert "Rule diff: rapid\\_clicks" in detail["body"] and "```diff" in detail["body"]
     assert "-threshold: 10" in detail["body"] and "+threshold: 8" in detail["body"]
     assert "/rule-reports/dags/rule_release/runs/" in detail["body"]
     states = af.task_states("rule_release", run_id)
@@ -254,7 +254,7 @@ def test_rejected_release_publishes_nothing(release: Release) -> None:
     run = af.start_dag_test("rule_release", log_name="release-reject")
     detail = af.wait_for_hitl("rule_release", run)
     run_id = detail["task_instance"]["dag_run_id"]
-    assert "big_view" in detail["body"]
+    assert "Rule diff: big\\_view" in detail["body"]
     states = af.task_states("rule_release", run_id)
     assert states["backtest_published"] == "skipped"  # a new rule: nothing live to compare
     af.respond(detail, "Reject", comment="too noisy on checkout pages")

@@ -1,0 +1,154 @@
+"""Issue 13 on a real Airflow (PostgreSQL, api-server, plugin) and a real Chromium:
+the report view serves only the folder it derives itself, with a strict CSP, and
+trigger params outside the allow-list are refused before a run exists.
+
+No Spark here: the runs are created through the REST API (no scheduler runs them) and
+the report folder is written by the test, which is all the view needs.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.parse
+
+import pytest
+from airflow_fixtures import AirflowEnv, Chromium, airflow_env, chromium_available  # noqa: F401
+
+pytestmark = [pytest.mark.airflow]
+
+RUN_ID = "gov-run-1"
+
+
+@pytest.fixture(scope="module")
+def gov(airflow_env: AirflowEnv, tmp_path_factory):  # noqa: F811
+    """The DAGs serialized (as the dag-processor would) and the operator's settings."""
+    proc = airflow_env.cli("dags", "reserialize")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    state = tmp_path_factory.mktemp("gov-state")
+    airflow_env.api("POST", "/variables", {"key": "rule_lifecycle", "value": json.dumps({"state_dir": str(state)})})
+    yield airflow_env, state
+    airflow_env.request("DELETE", "/api/v2/variables/rule_lifecycle")
+
+
+def _runs(af: AirflowEnv, dag_id: str) -> list[str]:
+    return [r["dag_run_id"] for r in af.api("GET", f"/dags/{dag_id}/dagRuns?limit=100")["dag_runs"]]
+
+
+@pytest.mark.parametrize(
+    ("dag_id", "conf"),
+    [
+        ("rule_release", {"settings": {"spark_conf": {"spark.pyspark.python": "/bin/sh"}}}),
+        ("rule_release", {"settings": {"history_inputs": {"events.raw": "/etc/passwd"}}}),
+        ("rule_release", {"settings": {"history_inputs": {"events.raw": "../../etc/passwd"}}}),
+        ("rule_release", {"commit": "--upload-pack=touch /tmp/pwned"}),
+        ("backtest_report", {"settings": {"spark_conf": {"spark.driver.extraJavaOptions": "-Dx=1"}}}),
+        ("backtest_report", {"settings": {"history_inputs": {"events.raw": "/etc/passwd"}}}),
+    ],
+)
+def test_params_outside_the_allow_list_are_refused_at_trigger(gov, dag_id: str, conf: dict) -> None:
+    af, _ = gov
+    before = _runs(af, dag_id)
+    status, body = af.request("POST", f"/api/v2/dags/{dag_id}/dagRuns", {"logical_date": None, "conf": conf})
+    assert status == 400, body[:500]
+    assert _runs(af, dag_id) == before  # no run, so no task ran
+
+
+def test_allowed_params_are_accepted(gov) -> None:
+    af, _ = gov
+    conf = {"commit": "0123abcd", "settings": {"history_inputs": {"events.raw": "events.raw.jsonl"}, "history_lookback_hours": 6}}
+    status, body = af.request("POST", "/api/v2/dags/rule_release/dagRuns", {"logical_date": None, "conf": conf})
+    assert status == 200, body[:500]
+
+
+@pytest.fixture(scope="module")
+def run_with_evil_xcom(gov):
+    """A release run whose `rule_report` XCom points at /etc (anyone who can write XComs can do this)."""
+    af, state = gov
+    status, body = af.request(
+        "POST", "/api/v2/dags/rule_release/dagRuns", {"dag_run_id": RUN_ID, "logical_date": None, "conf": {}}
+    )
+    assert status == 200, body[:500]
+    xcom_path = f"/dags/rule_release/dagRuns/{RUN_ID}/taskInstances/build_report/xcomEntries"
+    af.api("POST", xcom_path, {"key": "rule_report", "value": {"dir": "/etc", "html": "/etc/passwd"}})
+    return af, state
+
+
+@pytest.fixture(scope="module")
+def planted_report(run_with_evil_xcom):
+    """The folder the server derives, <state_dir>/reports/<dag_id>/<run_id>, with a
+    report that tries to run a script and a symlink out of the folder."""
+    af, state = run_with_evil_xcom
+    folder = state / "reports" / "rule_release" / RUN_ID
+    (folder / "data_docs").mkdir(parents=True)
+    (folder / "report.html").write_text(
+        "<!DOCTYPE html><html><head><title>report</title></head><body><h1 id='h'>Release report</h1>"
+        "<script>document.title = 'pwned'; document.getElementById('h').textContent = 'pwned';</script>"
+        "</body></html>"
+    )
+    (folder / "data_docs" / "index.html").write_text("<html><body>docs</body></html>")
+    (folder / "etc").symlink_to("/etc")
+    return af
+
+
+def _report_path(run_id: str = RUN_ID, rel: str = "") -> str:
+    return f"/rule-reports/dags/rule_release/runs/{urllib.parse.quote(run_id, safe='')}/{rel}"
+
+
+def test_report_view_ignores_an_xcom_pointing_at_etc(run_with_evil_xcom) -> None:
+    af, _ = run_with_evil_xcom
+    # The view derives the folder itself, and there is none yet: nothing is served.
+    for rel in ("", "passwd", "hostname", "../../../../etc/passwd"):
+        status, body = af.request("GET", _report_path(rel=rel))
+        assert status == 404, (rel, body[:300])
+        assert b"root:" not in body
+
+
+def test_report_view_serves_only_its_own_folder(planted_report: AirflowEnv) -> None:
+    af = planted_report
+    status, body = af.request("GET", _report_path())
+    assert status == 200 and b"Release report" in body
+    status, body = af.request("GET", _report_path(rel="data_docs/index.html"))
+    assert status == 200 and b"docs" in body
+    for rel in ("etc/passwd", "passwd", "..%2F..%2F..%2Fetc%2Fpasswd"):
+        status, body = af.request("GET", _report_path(rel=rel))
+        assert status == 404 and b"root:" not in body, rel
+
+
+def _csp(af: AirflowEnv, path: str) -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(f"{af.base_url}{path}", headers={"Authorization": f"Bearer {af.token()}"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, resp.headers.get("Content-Security-Policy", "")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers.get("Content-Security-Policy", "")
+
+
+def test_every_served_page_carries_a_strict_csp(planted_report: AirflowEnv) -> None:
+    af = planted_report
+    for path, want in [
+        (_report_path(), 200),
+        (_report_path(rel="data_docs/index.html"), 200),
+        (_report_path(rel="missing.html"), 404),
+        ("/rule-reports/", 200),
+        ("/rule-reports/dags/rule_release/runs/nope/", 404),
+    ]:
+        status, csp = _csp(af, path)
+        assert status == want, path
+        directives = {d.strip().split(" ")[0]: d.strip() for d in csp.split(";") if d.strip()}
+        assert directives.get("default-src") == "default-src 'none'", (path, csp)
+        assert directives.get("script-src") == "script-src 'none'", (path, csp)
+        assert "http" not in csp and "*" not in csp, (path, csp)
+
+
+@pytest.mark.skipif(not chromium_available(), reason="headless Chromium not installed")
+def test_a_script_in_a_served_report_does_not_run_in_the_browser(planted_report: AirflowEnv) -> None:
+    af = planted_report
+    with Chromium() as browser:
+        browser.set_cookie(af.base_url, "_token", af.token())
+        browser.goto(f"{af.base_url}{_report_path()}")
+        browser.wait_for("document.readyState === 'complete'")
+        assert browser.evaluate("document.getElementById('h').textContent") == "Release report"
+        assert browser.evaluate("document.title") == "report"
