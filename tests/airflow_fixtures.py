@@ -41,7 +41,17 @@ AIRFLOW = str(VENV_BIN / "airflow")
 PG_URL = os.environ.get("AIRFLOW_TEST_PG", "postgresql+psycopg2://postgres@127.0.0.1:5432")
 DB_NAME = os.environ.get("AIRFLOW_TEST_DB", "airflow_rules_test")
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
-USERS = {"alice": "alice-approver-pw", "bob": "bob-viewer-pw"}
+# Real FAB users, one per platform role (spark_jobs/platform/identity.py). Rita authors
+# the test commits (rita@example.com), so four eyes let Alice approve them but not Rita
+# (were she an approver) nor anyone whose e-mail matches a commit of the release.
+USER_SPECS = {
+    "alice": ("Rule approver", "alice@example.com"),
+    "rita": ("Rule author", "rita@example.com"),
+    "bob": ("Rule viewer", "bob@example.com"),
+    "oscar": ("Platform operator", "oscar@example.com"),
+    "carol": ("Rule approver", "carol@example.com"),
+}
+USERS = {name: f"{name}-test-pw-{len(name)}x" for name in USER_SPECS}
 
 
 def free_port() -> int:
@@ -92,7 +102,7 @@ class AirflowEnv:
                 self._tokens[user] = json.loads(resp.read())["access_token"]
         return self._tokens[user]
 
-    def request(self, method: str, path: str, body: object = None, user: str = "alice") -> tuple[int, bytes]:
+    def request(self, method: str, path: str, body: object = None, user: str = "oscar") -> tuple[int, bytes]:
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(
             f"{self.base_url}{path}",
@@ -106,7 +116,7 @@ class AirflowEnv:
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read()
 
-    def api(self, method: str, path: str, body: object = None, user: str = "alice") -> dict:
+    def api(self, method: str, path: str, body: object = None, user: str = "oscar") -> dict:
         status, raw = self.request(method, f"/api/v2{path}", body, user)
         if status >= 400:
             raise AssertionError(f"{method} {path} -> {status}: {raw[:500]!r}")
@@ -223,7 +233,6 @@ def airflow_env():
     except Exception as exc:  # noqa: BLE001
         pytest.skip(f"PostgreSQL not reachable at {PG_URL}: {exc}")
     port = free_port()
-    (home / "passwords.json").write_text(json.dumps(USERS))
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW_", "AIRFLOW__", "RULE_LIFECYCLE_"))},
         "AIRFLOW_HOME": str(home),
@@ -232,8 +241,7 @@ def airflow_env():
         "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
         "AIRFLOW__CORE__LAZY_LOAD_PLUGINS": "False",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "alice:admin,bob:viewer",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json"),
+        "AIRFLOW__CORE__AUTH_MANAGER": "airflow.providers.fab.auth_manager.fab_auth_manager.FabAuthManager",
         "AIRFLOW__API_AUTH__JWT_SECRET": "rule-lifecycle-tests-secret",
         "AIRFLOW__API__SECRET_KEY": "rule-lifecycle-tests-secret",
         "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
@@ -251,6 +259,18 @@ def airflow_env():
     mig = subprocess.run([AIRFLOW, "db", "migrate"], env=env, capture_output=True, text=True, timeout=300)
     if mig.returncode != 0:
         raise RuntimeError(f"airflow db migrate failed:\n{mig.stdout[-3000:]}\n{mig.stderr[-3000:]}")
+    users_file = home / "users.json"
+    users_file.write_text(json.dumps([
+        {"username": u, "roles": [role], "email": email, "first_name": u.title(), "last_name": "Test", "password": USERS[u]}
+        for u, (role, email) in USER_SPECS.items()
+    ]))
+    users_file.chmod(0o600)
+    prov = subprocess.run(
+        [sys.executable, "-m", "spark_jobs.platform.identity", str(users_file)],
+        env=env, capture_output=True, text=True, timeout=300,
+    )
+    if prov.returncode != 0:
+        raise RuntimeError(f"provisioning users failed:\n{prov.stdout[-3000:]}\n{prov.stderr[-3000:]}")
     api_log = home / "api-server.log"
     fh = api_log.open("w")
     proc = subprocess.Popen(

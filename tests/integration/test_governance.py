@@ -152,3 +152,71 @@ def test_a_script_in_a_served_report_does_not_run_in_the_browser(planted_report:
         browser.wait_for("document.readyState === 'complete'")
         assert browser.evaluate("document.getElementById('h').textContent") == "Release report"
         assert browser.evaluate("document.title") == "report"
+
+
+# ----------------------------------------------------------------------------- roles (rulectl up)
+
+
+def _login(af: AirflowEnv, username: str, password: str) -> str:
+    import urllib.request
+
+    req = urllib.request.Request(
+        f"{af.base_url}/auth/token",
+        data=json.dumps({"username": username, "password": password}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return json.loads(resp.read())["access_token"]
+
+
+def _status(af: AirflowEnv, token: str, method: str, path: str, body: object = None) -> int:
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(
+        f"{af.base_url}{path}", method=method, data=json.dumps(body).encode() if body is not None else None,
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_rulectl_up_provisions_one_demo_user_per_role(gov, tmp_path) -> None:
+    """What `rulectl up` does before Airflow starts (migrate, roles, demo users), on the
+    fixture's real metadata DB; then each demo user logs in and can do what its role
+    says, and no more."""
+    import sys
+
+    from spark_jobs.commands import up
+
+    af, _ = gov
+    paths = up.Paths(tmp_path)
+    users = up.demo_users(paths)
+    assert paths.users_file.stat().st_mode & 0o777 == 0o600
+    airflow_bin = str(__import__("pathlib").Path(sys.executable).parent / "airflow")
+    up.prepare_airflow(dict(af.env), airflow_bin, paths.users_file, tmp_path / "init.log")
+    tokens = {u["username"]: _login(af, u["username"], u["password"]) for u in users}
+    run_body = {"logical_date": None, "conf": {}}
+    can = {
+        name: {
+            "read runs": _status(af, tok, "GET", "/api/v2/dags/rule_release/dagRuns") == 200,
+            "trigger": _status(af, tok, "POST", "/api/v2/dags/rule_release/dagRuns", run_body) == 200,
+            "trigger other": _status(af, tok, "POST", "/api/v2/dags/backtest_report/dagRuns", run_body) == 200,
+            "variables": _status(af, tok, "GET", "/api/v2/variables") == 200,
+            "reports": _status(af, tok, "GET", "/rule-reports/") == 200,
+        }
+        for name, tok in tokens.items()
+    }
+    assert can == {
+        "author": {"read runs": True, "trigger": True, "trigger other": False, "variables": False, "reports": True},
+        "approver": {"read runs": True, "trigger": False, "trigger other": False, "variables": False, "reports": True},
+        "viewer": {"read runs": True, "trigger": False, "trigger other": False, "variables": False, "reports": True},
+        "operator": {"read runs": True, "trigger": True, "trigger other": True, "variables": True, "reports": True},
+    }
+    # The old development defaults do not exist.
+    for user, password in (("admin", "admin"), ("admin", "change-me")):
+        with pytest.raises(Exception, match="401|403"):
+            _login(af, user, password)

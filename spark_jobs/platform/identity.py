@@ -1,0 +1,150 @@
+"""Who may do what on the platform: four roles in Airflow's FAB auth manager, and the
+demo users `rulectl up` (and the test fixtures) create.
+
+Roles (FAB roles in the Airflow metadata DB, built on FAB's own permission sets so
+they follow Airflow upgrades):
+
+- `Rule viewer`: reads everything a release shows (DAG runs, logs, reports, the
+  approval page); cannot respond to an approval, trigger or change anything.
+- `Rule author`: a viewer who may also trigger a run of `rule_release` (e.g. of their
+  commit).
+- `Rule approver`: a viewer who may respond to a `rule_release` approval. The four-eyes rule
+  (plugins/rule_lifecycle/four_eyes.py) further refuses an approver who authored or
+  committed any commit of the release.
+- `Platform operator`: FAB's `Op` permissions (connections, variables, pools, runs);
+  not an approver unless also given `Rule approver`.
+
+Git identities map to Airflow users by e-mail: the author and committer e-mail of
+every commit in a release are compared, case-insensitively, with the `email` of the
+Airflow user who responds. An approver's Airflow e-mail must therefore be the one
+they commit with.
+
+Provisioning runs inside Airflow's environment (`python -m spark_jobs.platform.identity
+USERS_JSON`), through FAB's security manager, so passwords are hashed by FAB and
+never pass through a command line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import stat
+import sys
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+AUTH_MANAGER = "airflow.providers.fab.auth_manager.fab_auth_manager.FabAuthManager"
+
+VIEWER, AUTHOR, APPROVER, OPERATOR = "Rule viewer", "Rule author", "Rule approver", "Platform operator"
+ROLES = (AUTHOR, APPROVER, VIEWER, OPERATOR)
+APPROVER_ROLES = frozenset({APPROVER})
+RELEASE_DAG = "rule_release"
+
+# One demo user per role: username -> (role, e-mail, display name).
+DEMO_USERS: dict[str, tuple[str, str, str]] = {
+    "author": (AUTHOR, "author@rules.example", "Rule Author"),
+    "approver": (APPROVER, "approver@rules.example", "Rule Approver"),
+    "viewer": (VIEWER, "viewer@rules.example", "Rule Viewer"),
+    "operator": (OPERATOR, "operator@rules.example", "Platform Operator"),
+}
+
+
+def role_permissions() -> dict[str, set[tuple[str, str]]]:
+    """(action, resource) pairs of each platform role, from FAB's own permission sets."""
+    from airflow.providers.fab.auth_manager.security_manager.override import (
+        FabAirflowSecurityManagerOverride as SM,
+    )
+    from airflow.providers.fab.www.security import permissions as p
+
+    viewer = set(SM.VIEWER_PERMISSIONS)
+    # FAB lets a user write a DAG's sub-entity (a run, an approval) only with "can_edit"
+    # on the DAG itself: granted on the release DAG alone (its per-DAG resource).
+    release_dag = (p.ACTION_CAN_EDIT, p.resource_name(RELEASE_DAG, p.RESOURCE_DAG))
+    return {
+        VIEWER: viewer,
+        AUTHOR: viewer | {release_dag, (p.ACTION_CAN_CREATE, p.RESOURCE_DAG_RUN)},
+        APPROVER: viewer
+        | {release_dag, (p.ACTION_CAN_EDIT, p.RESOURCE_HITL_DETAIL), (p.ACTION_CAN_ACCESS_MENU, p.RESOURCE_HITL_DETAIL)},
+        OPERATOR: viewer | set(SM.USER_PERMISSIONS) | set(SM.OP_PERMISSIONS),
+    }
+
+
+def generate_passwords(usernames: Iterable[str] = DEMO_USERS) -> dict[str, str]:
+    return {u: secrets.token_urlsafe(12) for u in usernames}
+
+
+def write_secret_file(path: Path, data: Mapping) -> Path:
+    """Write JSON readable by its owner only (0600 from creation, no umask window)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, stat.S_IRUSR | stat.S_IWUSR)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=2, sort_keys=True)
+        fh.write("\n")
+    tmp.replace(path)
+    return path
+
+
+def demo_user_specs(passwords: Mapping[str, str]) -> list[dict]:
+    """The provisioning input for the demo users (username, role, e-mail, password)."""
+    out = []
+    for username, (role, email, display) in DEMO_USERS.items():
+        first, _, last = display.partition(" ")
+        out.append(
+            {"username": username, "roles": [role], "email": email, "first_name": first, "last_name": last or "-",
+             "password": passwords[username]}
+        )
+    return out
+
+
+def provision(users: Iterable[Mapping]) -> list[str]:
+    """Create or update the platform roles and the given users in FAB's tables.
+
+    Idempotent: roles get exactly their permissions, existing users their roles,
+    e-mail and password. Must run with Airflow's configuration (AIRFLOW_HOME, DB)."""
+    from airflow.providers.fab.auth_manager.cli_commands.utils import get_application_builder
+
+    done = []
+    with get_application_builder() as ab:
+        sm = ab.sm
+        for name, want in role_permissions().items():
+            role = sm.find_role(name) or sm.add_role(name)
+            have = {(perm.action.name, perm.resource.name): perm for perm in role.permissions}
+            for action, resource in sorted(want - set(have)):
+                sm.add_permission_to_role(role, sm.get_permission(action, resource) or sm.create_permission(action, resource))
+            for key in set(have) - want:
+                sm.remove_permission_from_role(role, have[key])
+        for spec in users:
+            roles = [sm.find_role(r) for r in spec["roles"]]
+            if None in roles:
+                raise ValueError(f"unknown role in {spec['roles']}")
+            user = sm.find_user(username=spec["username"])
+            if user is None:
+                sm.add_user(
+                    spec["username"], spec.get("first_name") or spec["username"], spec.get("last_name") or "-",
+                    spec["email"], roles, spec["password"],
+                )
+            else:
+                user.roles, user.email = roles, spec["email"]
+                sm.update_user(user)
+                sm.reset_password(user.id, spec["password"])
+            done.append(spec["username"])
+    return done
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m spark_jobs.platform.identity USERS_JSON`: provision roles and users."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m spark_jobs.platform.identity USERS_JSON", file=sys.stderr)
+        return 2
+    users = json.loads(Path(args[0]).read_text(encoding="utf-8"))
+    names = provision(users)
+    print(f"provisioned roles {', '.join(ROLES)} and user(s) {', '.join(names)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
