@@ -19,6 +19,7 @@ from airflow.sdk import DAG, Param, get_current_context, task
 from airflow.sdk.exceptions import AirflowFailException
 from airflow.task.trigger_rule import TriggerRule
 from rule_lifecycle.hooks import RulesTopicHook
+from rule_lifecycle.notifiers import ApprovalRequestNotifier
 from rule_lifecycle.operators import PublishRulesOperator, ReleaseApprovalOperator, RuleBacktestOperator
 from rule_lifecycle.sensors import RulesCommitSensor
 
@@ -138,14 +139,14 @@ with DAG(
         if outcome["approved"] and published is not None:
             release.record_decision(
                 candidate, validation, event="published", dag_id=dag_id, run_id=run_id,
-                approval=outcome, published=published, report=report["html"],
+                approval=outcome, published=published, report=report["html"], report_sha256=report.get("sha256"),
             )
             msg = f"Approved by {who} at {outcome['at']}: published {published['published'] or 'nothing new'}"
         else:
             reason = outcome["comment"] or "no reason given"
             release.record_decision(
                 candidate, validation, event="rejected", dag_id=dag_id, run_id=run_id,
-                approval=outcome, report=report["html"], reason=reason,
+                approval=outcome, report=report["html"], report_sha256=report.get("sha256"), reason=reason,
             )
             msg = f"Rejected by {who} at {outcome['at']}: {reason}. Nothing was published."
         log.info(msg)
@@ -172,6 +173,9 @@ with DAG(
             "comment": Param(None, type=["null", "string"], title="Comment", description="Why (kept in the audit log)"),
         },
         response_timeout=timedelta(days=7),
+        # Four eyes are enforced by the api-server (rule_lifecycle/four_eyes.py): only a
+        # Rule approver who wrote no commit of the release can answer.
+        notifiers=[ApprovalRequestNotifier()],
     )
     publish = PublishRulesOperator(
         task_id="publish",

@@ -412,6 +412,32 @@ class Chromium:
                 break
         raise TimeoutError(f"page did not load: {url}")
 
+    def type_into(self, selector: str, text: str) -> None:
+        """Focus an element and type into it (as keyboard input, not by setting .value)."""
+        assert self.evaluate(f"(() => {{const e = document.querySelector({json.dumps(selector)}); if (!e) return false; e.focus(); return true}})()"), selector
+        self.send("Input.insertText", {"text": text}, session=True)
+
+    def click_button(self, label: str) -> bool:
+        """Click the first visible, enabled button whose text is `label`; False if none."""
+        return bool(self.evaluate(
+            "(() => {const b = [...document.querySelectorAll('button,input[type=submit]')].find(x => "
+            f"(x.innerText || x.value || '').trim() === {json.dumps(label)} && !x.disabled && x.offsetParent !== null);"
+            " if (!b) return false; b.click(); return true})()"
+        ))
+
+    def login(self, base_url: str, username: str, password: str) -> None:
+        """Sign in on Airflow's login page (FAB) like a person: type, click Sign In."""
+        self.send("Network.clearBrowserCookies", session=True)
+        self.goto(f"{base_url}/auth/login/")
+        self.wait_for("!!document.querySelector('#username')")
+        self.type_into("#username", username)
+        self.type_into("#password", password)
+        self.evaluate("document.querySelector('input[type=submit]').click()")
+        self.wait_for("location.pathname === '/' || !location.pathname.startsWith('/auth/login')", timeout=30)
+
+    def text(self) -> str:
+        return str(self.evaluate("document.body ? document.body.innerText : ''") or "")
+
     def evaluate(self, expression: str) -> object:
         res = self.send(
             "Runtime.evaluate", {"expression": expression, "returnByValue": True, "awaitPromise": True}, session=True

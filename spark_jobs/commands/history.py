@@ -65,5 +65,7 @@ def run(args: argparse.Namespace) -> int:
             line += f"  — {r.get('comment') or r.get('reason')}"
         if r.get("run_id"):
             line += f"  [{r.get('dag_id')} {r['run_id']}]"
+        if r.get("report_sha256"):
+            line += f"  report sha256 {r['report_sha256'][:16]}"
         print(line)
     return 0

@@ -4,7 +4,9 @@ One JSON object per line in `<audit_dir>/releases.jsonl`, appended (never rewrit
 by the release DAG at the end of every run that reached a decision:
 
 - `published`: approved and produced to `rules.active` (approver, time, comment,
-  commit, and every rule version of the release with whether it was actually produced);
+  commit, and every rule version of the release with whether it was actually produced,
+  the SHA-256 of the report the approver was shown, the e-mails of the release's
+  authors, none of whom could approve it);
 - `rejected`: the approver said no (who, when, why); nothing was produced;
 - `invalid`: validation failed (the errors); nothing was produced;
 - `no_change`: the commit holds exactly the live rules; nothing to do.
@@ -110,6 +112,8 @@ def rule_history(records: Iterable[dict], rule_id: str) -> list[dict]:
                     "dag_id": rec.get("dag_id"),
                     "run_id": rec.get("run_id"),
                     "report": rec.get("report"),
+                    "report_sha256": (rec.get("report_sha256") or {}).get("report.html"),
+                    "authors": rec.get("authors") or [],
                     "reason": rec.get("reason"),
                 }
             )

@@ -106,6 +106,8 @@ def detect_candidate(settings: LifecycleSettings, commit: str | None = None) -> 
     info = g.commit_info(mirror, sha)
     return {
         **info.to_dict(),
+        # Who wrote the release: the four-eyes rule keeps them from deciding it.
+        "authors": g.release_authors(mirror, base if base != sha else None, sha, settings.rules_dir),
         "base_commit": base,
         "repo": settings.repo,
         "branch": settings.branch,
@@ -315,13 +317,16 @@ def build_release_report(
     )
     paths = write_report(report, plan["report_dir"])
     url = report_url(dag_id, run_id, base_url)
+    checksums = report_checksums(plan["report_dir"])
+    report["authors"] = list(candidate.get("authors") or [])
     return {
         **paths,
         "dir": plan["report_dir"],
         "url": url,
+        "sha256": checksums,
         "quality_ok": bool(quality.get("success")),
         "subject": f"Publish {len(changed)} rule change(s) from {candidate['short']} to {settings.rules_topic}?",
-        "approval_body": approval_body(report, url, settings.rules_topic),
+        "approval_body": approval_body(report, url, settings.rules_topic, checksums),
         "summary": [
             {k: r.get(k) for k in ("rule_id", "status", "published_version", "candidate_version", "added", "removed")}
             for r in report["rules"]
@@ -349,6 +354,11 @@ def md_code(value: object) -> str:
     return f"{fence} {text} {fence}" if longest else f"`{text}`"
 
 
+def md_cell(value: object) -> str:
+    """`value` as a code span inside a GFM table cell (where `\\|` is a literal pipe)."""
+    return md_code(value).replace("|", "\\|")
+
+
 def md_fence(body: str, info: str = "") -> list[str]:
     """A fenced code block that `body` cannot close: the fence is longer than any
     run of backticks inside it."""
@@ -357,22 +367,48 @@ def md_fence(body: str, info: str = "") -> list[str]:
     return [fence + info, body, fence]
 
 
-def approval_body(report: dict, url: str, topic: str) -> str:
+def report_checksums(report_dir: str | Path) -> dict[str, str]:
+    """SHA-256 of report.html and report.json: what the approver saw, for the audit."""
+    import hashlib
+
+    out = {}
+    for name in ("report.html", "report.json"):
+        f = Path(report_dir) / name
+        if f.is_file():
+            out[name] = hashlib.sha256(f.read_bytes()).hexdigest()
+    return out
+
+
+def approval_body(report: dict, url: str, topic: str, checksums: Mapping[str, str] | None = None) -> str:
     """Markdown for the approval page: what changes, what it would have caught, the diff.
 
     Everything that comes from git or a rule file (subject, author, rule ids,
-    versions, the diff) is escaped (`md_text`), a code span (`md_code`) or fenced
-    (`md_fence`): a commit message must not be able to forge what the approver reads."""
+    versions, the diff) is a code span (`md_code`, `md_cell`) or fenced (`md_fence`):
+    a commit message must not be able to forge what the approver reads. Code, not
+    backslash-escaped text, because the UI's renderer (GitHub-flavoured Markdown)
+    turns bare URLs and e-mail addresses into links even when escaped."""
     ctx = report["context"]
     base = ctx.get("base_commit")
     lines = [
-        f"**Commit** {md_code(str(ctx['commit'])[:12])} by {md_text(ctx.get('author'))}: "
-        f"*{md_text(ctx.get('commit_subject'))}*  ",
+        f"**Commit** {md_code(str(ctx['commit'])[:12])} by {md_code(ctx.get('author'))}: "
+        f"{md_code(ctx.get('commit_subject'))}  ",
         f"Last published commit: {md_code(str(base)[:15])} · approving publishes to {md_code(topic)}.",
         "",
         f"**[Open the backtest report]({url})** (plots, alerts added/removed, data quality, Data Docs)",
         "",
     ]
+    authors = sorted(
+        {f"{a.get('author')} <{a.get('email')}>" for a in report.get("authors") or []}
+        | {f"{a.get('committer')} <{a.get('committer_email')}>" for a in report.get("authors") or [] if a.get("committer_email")}
+    )
+    if authors:
+        lines += [
+            f"**Four eyes:** only a Rule approver who wrote none of this release's commits may decide it; "
+            f"not eligible: {', '.join(md_code(a) for a in authors)}.",
+            "",
+        ]
+    if checksums and checksums.get("report.html"):
+        lines += [f"Report checksum (SHA-256 of report.html): {md_code(checksums['report.html'])}", ""]
     for m in report.get("marks", []):
         icon = {"error": "⛔", "warning": "⚠️"}.get(m["level"], "ℹ️")
         lines.append(f"{icon} {md_text(m['text'])}  ")
@@ -387,10 +423,10 @@ def approval_body(report: dict, url: str, topic: str) -> str:
             r["rule_id"], r.get("published_version") or "–", r.get("candidate_version") or "–",
             f"{p.get('detections', '–')} → {c.get('detections', '–')}", r.get("added", 0), r.get("removed", 0),
         ]
-        lines.append("| " + " | ".join(md_text(x) for x in cells) + " |")
+        lines.append("| " + " | ".join(md_cell(x) for x in cells) + " |")
     lines.append("")
     for r in report["rules"]:
-        lines += [f"**Rule diff: {md_text(r['rule_id'])}**", *md_fence((r.get("diff") or "").rstrip(), "diff"), ""]
+        lines += [f"**Rule diff:** {md_code(r['rule_id'])}", *md_fence((r.get("diff") or "").rstrip(), "diff"), ""]
     return "\n".join(lines)
 
 
@@ -428,6 +464,7 @@ def record_decision(
     approval: Mapping | None = None,
     published: Mapping | None = None,
     report: str | None = None,
+    report_sha256: Mapping[str, str] | None = None,
     reason: str | None = None,
     errors: list[dict] | None = None,
 ) -> dict:
@@ -463,6 +500,8 @@ def record_decision(
         "decided_at": approval.get("at"),
         "comment": approval.get("comment"),
         "report": report,
+        "report_sha256": report_sha256,
+        "authors": sorted({a.get("email") for a in candidate.get("authors") or [] if a.get("email")}),
         "reason": reason,
         "errors": errors,
         "unchanged": sorted((published or {}).get("unchanged") or []),

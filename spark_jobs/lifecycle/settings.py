@@ -81,12 +81,20 @@ class LifecycleSettings:
     )
     # Rows per rule in the added/removed tables of a report.
     report_max_rows: int = 200
+    # Telling approvers a release waits (plugins/rule_lifecycle/notifiers.py): "file"
+    # (a 0600 JSON Lines file under state_dir, and the task log) or "smtp" (mail to
+    # approvers_email through the Airflow connection smtp_conn_id).
+    approval_notify: str = "file"
+    approvers_email: str = ""
+    smtp_conn_id: str = "smtp_default"
 
     def __post_init__(self) -> None:
         if not self.report_dir:
             self.report_dir = str(Path(self.state_dir) / "reports")
         if not self.audit_dir:
             self.audit_dir = str(Path(self.state_dir) / "audit")
+        if self.approval_notify not in ("file", "smtp"):
+            raise ValueError(f"approval_notify must be 'file' or 'smtp', not {self.approval_notify!r}")
         if self.history_window_end not in ("latest", "interval"):
             raise ValueError(f"history_window_end must be 'latest' or 'interval', not {self.history_window_end!r}")
 

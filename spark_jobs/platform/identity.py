@@ -134,11 +134,58 @@ def provision(users: Iterable[Mapping]) -> list[str]:
     return done
 
 
+def write_secret_text(path: Path, text: str) -> Path:
+    """Like write_secret_file, for a bare value."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, stat.S_IRUSR | stat.S_IWUSR)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    tmp.replace(path)
+    return path
+
+
+def make_docker_secrets(folder: Path) -> list[Path]:
+    """The secret files docker/docker-compose.yml needs, generated, each 0600; existing
+    files are kept (re-running never rotates a secret by surprise). The SMTP connection
+    is a placeholder to fill in with the mail relay's host and credentials."""
+    from cryptography.fernet import Fernet
+
+    values: dict[str, object] = {
+        "postgres_password": secrets.token_urlsafe(24),
+        "airflow_fernet_key": Fernet.generate_key().decode(),
+        "airflow_jwt_secret": secrets.token_urlsafe(48),
+        "airflow_secret_key": secrets.token_urlsafe(48),
+        "airflow_connections.json": {
+            "smtp_default": {"conn_type": "smtp", "host": "smtp.example.com", "port": 587, "login": "", "password": "",
+                             "extra": {"from_email": "rule-platform@example.com", "disable_ssl": True}}
+        },
+        "airflow_users.json": demo_user_specs(generate_passwords()),
+    }
+    written = []
+    for name, value in values.items():
+        path = folder / name
+        if path.exists():
+            continue
+        if isinstance(value, str):
+            write_secret_text(path, value)
+        else:
+            write_secret_file(path, value)  # type: ignore[arg-type]
+        written.append(path)
+    return written
+
+
 def main(argv: list[str] | None = None) -> int:
-    """`python -m spark_jobs.platform.identity USERS_JSON`: provision roles and users."""
+    """`python -m spark_jobs.platform.identity USERS_JSON`: provision roles and users;
+    `... make-docker-secrets DIR`: generate the docker/ stack's secret files."""
     args = sys.argv[1:] if argv is None else argv
+    if len(args) == 2 and args[0] == "make-docker-secrets":
+        made = make_docker_secrets(Path(args[1]))
+        print(f"wrote {len(made)} secret file(s) (mode 0600) in {args[1]}: {', '.join(p.name for p in made) or 'none new'}")
+        return 0
     if len(args) != 1:
-        print("usage: python -m spark_jobs.platform.identity USERS_JSON", file=sys.stderr)
+        print("usage: python -m spark_jobs.platform.identity USERS_JSON | make-docker-secrets DIR", file=sys.stderr)
         return 2
     users = json.loads(Path(args[0]).read_text(encoding="utf-8"))
     names = provision(users)

@@ -18,7 +18,15 @@ import uuid
 from pathlib import Path
 
 import pytest
-from airflow_fixtures import ROOT, AirflowEnv, Chromium, airflow_env, chromium_available, png_size  # noqa: F401
+from airflow_fixtures import (  # noqa: F401
+    ROOT,
+    USERS,
+    AirflowEnv,
+    Chromium,
+    airflow_env,
+    chromium_available,
+    png_size,
+)
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slow]
 
@@ -34,6 +42,19 @@ def commit_all(repo: Path, message: str, author: str = "Rita Author <rita@exampl
     git(repo, "add", "-A")
     git(repo, "-c", "user.name=Rita Author", "-c", "user.email=rita@example.com", "commit", "-q", "-m", message, "--author", author)
     return git(repo, "rev-parse", "HEAD")
+
+
+FORGED_SUBJECT = "rapid_clicks: 8 clicks **APPROVED BY SECURITY** <img src=x onerror=alert(1)> [docs](http://evil.example/x)"
+
+
+def _hitl_path(detail: dict) -> str:
+    from urllib.parse import quote
+
+    ti = detail["task_instance"]
+    return (
+        f"/api/v2/dags/{ti['dag_id']}/dagRuns/{quote(ti['dag_run_id'], safe='')}"
+        f"/taskInstances/{ti['task_id']}/{ti.get('map_index', -1)}/hitlDetails"
+    )
 
 
 def topic_records(bootstrap: str, topic: str) -> list:
@@ -118,23 +139,43 @@ def test_dags_import_without_errors(airflow_env: AirflowEnv) -> None:  # noqa: F
     assert {"validate_rules", "backtest_candidate", "approve", "publish"} <= set(out["dags"]["rule_release"])
 
 
-def _shoot_approval_page(af: AirflowEnv, detail: dict) -> None:
+def _approval_url(af: AirflowEnv, detail: dict) -> str:
+    from urllib.parse import quote
+
+    ti = detail["task_instance"]
+    return f"{af.base_url}/dags/{ti['dag_id']}/runs/{quote(ti['dag_run_id'], safe='')}/tasks/{ti['task_id']}/required_actions"
+
+
+def _pending(af: AirflowEnv, detail: dict) -> bool:
+    ti = detail["task_instance"]
+    details = af.api("GET", f"/dags/{ti['dag_id']}/dagRuns/{ti['dag_run_id']}/hitlDetails")["hitl_details"]
+    return not [d for d in details if d["task_instance"]["task_id"] == ti["task_id"]][0]["response_received"]
+
+
+def _try_to_approve_in_the_browser(browser: Chromium, af: AirflowEnv, detail: dict, user: str) -> str:
+    """Log in as `user`, open the approval, click Approve; returns the page text after."""
+    browser.login(af.base_url, user, USERS[user])
+    browser.goto(_approval_url(af, detail))
+    browser.wait_for("document.body.innerText.includes('Open the backtest report')", timeout=60)
+    time.sleep(1.0)
+    clicked = browser.click_button("Approve")
+    time.sleep(3.0)
+    return ("[clicked] " if clicked else "[no Approve button] ") + browser.text()
+
+
+def _shoot_approval_page(browser: Chromium, af: AirflowEnv, detail: dict) -> None:
     """Screenshots for the approver guide: the Required Actions page and the report tab."""
-    if not chromium_available():
-        return
     ti = detail["task_instance"]
     from urllib.parse import quote
 
     run = quote(ti["dag_run_id"], safe="")
-    with Chromium(width=1400, height=1100) as browser:
-        browser.set_cookie(af.base_url, "_token", af.token("alice"))
-        browser.goto(f"{af.base_url}/dags/{ti['dag_id']}/runs/{run}/tasks/{ti['task_id']}/required_actions")
-        browser.wait_for("document.body.innerText.includes('Open the backtest report')", timeout=60)
-        time.sleep(1.5)
-        browser.screenshot(SCREENSHOTS / "approval_page.png", full_page=False)
-        browser.goto(f"{af.base_url}/dags/{ti['dag_id']}/runs/{run}/plugin/backtest-report")
-        time.sleep(4)
-        browser.screenshot(SCREENSHOTS / "report_tab.png", full_page=False)
+    browser.goto(_approval_url(af, detail))
+    browser.wait_for("document.body.innerText.includes('Open the backtest report')", timeout=60)
+    time.sleep(1.5)
+    browser.screenshot(SCREENSHOTS / "approval_page.png", full_page=False)
+    browser.goto(f"{af.base_url}/dags/{ti['dag_id']}/runs/{run}/plugin/backtest-report")
+    time.sleep(4)
+    browser.screenshot(SCREENSHOTS / "report_tab.png", full_page=False)
 
 
 def test_release_waits_for_approval_then_publishes_exactly_the_changed_rule(release: Release) -> None:
@@ -146,15 +187,18 @@ def test_release_waits_for_approval_then_publishes_exactly_the_changed_rule(rele
     text = (release.repo / "rules" / "rapid_clicks.yaml").read_text()
     text = text.replace('version: "1"', 'version: "2"').replace("threshold: 10", "threshold: 8")
     (release.repo / "rules" / "rapid_clicks.yaml").write_text(text)
-    c1 = commit_all(release.repo, "rapid_clicks: alert from 8 clicks in 10 s")
+    # Carol holds the approver role and wrote this change: four eyes keep her from approving
+    # it. Her subject line tries to forge the approval page.
+    c1 = commit_all(release.repo, FORGED_SUBJECT, author="Carol Approver <carol@example.com>")
 
     # No commit given: the sensor finds the new head of the tracked branch.
     run = af.start_dag_test("rule_release", log_name="release-approve")
     detail = af.wait_for_hitl("rule_release", run)
     run_id = detail["task_instance"]["dag_run_id"]
-    assert "Rule diff: rapid\\_clicks" in detail["body"] and "```diff" in detail["body"]
+    assert "Rule diff:** `rapid_clicks`" in detail["body"] and "```diff" in detail["body"]
     assert "-threshold: 10" in detail["body"] and "+threshold: 8" in detail["body"]
     assert "/rule-reports/dags/rule_release/runs/" in detail["body"]
+    assert "Four eyes" in detail["body"] and "`Carol Approver <carol@example.com>`" in detail["body"]
     states = af.task_states("rule_release", run_id)
     assert states["backtest_candidate"] == "success" and states["backtest_published"] == "success"
     assert states["publish"] is None  # nothing published while waiting
@@ -170,11 +214,49 @@ def test_release_waits_for_approval_then_publishes_exactly_the_changed_rule(rele
     assert status == 200
     with pytest.raises(urllib.error.HTTPError, match="401|403"):
         urllib.request.urlopen(f"{af.base_url}/rule-reports/dags/rule_release/runs/{run_id}/", timeout=30)
-    _shoot_approval_page(af, detail)
 
-    # Approve as the UI does: PATCH the HITL detail through the REST API.
-    resp = af.respond(detail, "Approve", comment="threshold 8 catches the bot farm")
-    assert resp["responded_by"]["name"] == "alice"
+    # Four eyes through the API: the author (an approver) is refused, and told why; a
+    # viewer and an operator may not answer at all.
+    status, body = af.request("PATCH", _hitl_path(detail), {"chosen_options": ["Approve"], "params_input": {}}, "carol")
+    assert status == 403 and b"Four eyes" in body and b"carol@example.com" in body, body
+    for user in ("bob", "oscar", "rita"):
+        status, body = af.request("PATCH", _hitl_path(detail), {"chosen_options": ["Approve"], "params_input": {}}, user)
+        assert status == 403, (user, body)
+    assert _pending(af, detail)
+
+    if chromium_available():
+        with Chromium(width=1400, height=1100) as browser:
+            # The approval page shows the forged subject as text, not as markup.
+            browser.login(af.base_url, "bob", USERS["bob"])
+            browser.goto(_approval_url(af, detail))
+            browser.wait_for("document.body.innerText.includes('Open the backtest report')", timeout=60)
+            page = browser.text()
+            assert "**APPROVED BY SECURITY**" in page and "<img src=x onerror=alert(1)>" in page, page[-3000:]
+            links = browser.evaluate("JSON.stringify([...document.querySelectorAll('a')].map(a => a.href))")
+            assert "evil.example" not in str(links)
+            assert browser.evaluate("document.querySelectorAll('img[src=\"x\"]').length") == 0
+            # A viewer reads the report but cannot approve.
+            browser.goto(f"{af.base_url}/rule-reports/dags/rule_release/runs/{run_id}/")
+            assert "rapid_clicks" in browser.text()
+            said = _try_to_approve_in_the_browser(browser, af, detail, "bob")
+            assert _pending(af, detail), said[:300]
+            # The author, an approver, clicks Approve and is refused, with the reason.
+            said = _try_to_approve_in_the_browser(browser, af, detail, "carol")
+            assert _pending(af, detail)
+            assert said.startswith("[clicked]") and "Four eyes" in said, said[-2000:]
+            # Alice, an approver who wrote none of it, approves.
+            said = _try_to_approve_in_the_browser(browser, af, detail, "alice")
+            assert said.startswith("[clicked]"), said[-2000:]
+            deadline = time.monotonic() + 60
+            while _pending(af, detail) and time.monotonic() < deadline:
+                time.sleep(1)
+            _shoot_approval_page(browser, af, detail)
+    else:  # pragma: no cover - CI installs Chromium
+        af.respond(detail, "Approve", comment="threshold 8 catches the bot farm")
+    assert not _pending(af, detail)
+    ti = detail["task_instance"]
+    answered = [d for d in af.api("GET", f"/dags/rule_release/dagRuns/{ti['dag_run_id']}/hitlDetails")["hitl_details"]]
+    assert answered[0]["responded_by_user"]["name"] == "alice" and answered[0]["chosen_options"] == ["Approve"]
     rc = run.wait()
     dag_run = af.dag_run("rule_release", run_id)
     assert dag_run["state"] == "success", run.output()[-5000:]
@@ -201,6 +283,12 @@ def test_release_waits_for_approval_then_publishes_exactly_the_changed_rule(rele
     pub = [r for r in rows if r["event"] == "published"]
     assert pub and pub[-1]["version"] == "2" and pub[-1]["by"] == "alice" and pub[-1]["commit"] == c1
     assert pub[-1]["previous_version"] == "1" and pub[-1]["produced"] is True
+    # The audit answers who, when, which commit and versions, on which evidence, and who could not approve.
+    assert pub[-1]["at"] and pub[-1]["report_sha256"] and "carol@example.com" in pub[-1]["authors"]
+    import hashlib
+
+    served = af.request("GET", f"/rule-reports/dags/rule_release/runs/{run_id}/")[1]
+    assert hashlib.sha256(served).hexdigest() == pub[-1]["report_sha256"]
     assert rulectl(["history", "rapid_clicks", "--audit-dir", str(release.audit_dir)]) == 0
 
     # A second run on the same commit publishes nothing new.
@@ -254,7 +342,7 @@ def test_rejected_release_publishes_nothing(release: Release) -> None:
     run = af.start_dag_test("rule_release", log_name="release-reject")
     detail = af.wait_for_hitl("rule_release", run)
     run_id = detail["task_instance"]["dag_run_id"]
-    assert "Rule diff: big\\_view" in detail["body"]
+    assert "Rule diff:** `big_view`" in detail["body"]
     states = af.task_states("rule_release", run_id)
     assert states["backtest_published"] == "skipped"  # a new rule: nothing live to compare
     af.respond(detail, "Reject", comment="too noisy on checkout pages")

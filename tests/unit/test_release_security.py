@@ -30,7 +30,7 @@ from spark_jobs.lifecycle.settings import run_settings
 ROOT = Path(__file__).resolve().parents[2]
 
 EVIL_SUBJECT = "fix **APPROVED BY SECURITY** [docs](http://evil.example/x) <img src=x onerror=alert(1)> | x |"
-EVIL_AUTHOR = "Mallory <b>Admin</b> <mallory@example.com>"
+EVIL_AUTHOR = "Mallory <b>Admin</b> <mallory@example.com> www.evil.example"
 EVIL_DIFF = "-threshold: 10\n+threshold: 8\n```\n**not code any more** <script>alert(1)</script>\n"
 
 
@@ -46,7 +46,8 @@ def _report(diff: str = EVIL_DIFF) -> dict:
 
 
 def _render(markdown: str) -> str:
-    return MarkdownIt("commonmark").enable("table").render(markdown)
+    # GitHub-flavoured like the UI's renderer: tables, and bare URLs/e-mails become links.
+    return MarkdownIt("gfm-like").render(markdown)
 
 
 def test_approval_page_renders_git_text_as_text() -> None:
@@ -56,15 +57,16 @@ def test_approval_page_renders_git_text_as_text() -> None:
     assert re.findall(r"<a href=\"([^\"]*)\"", html) == ["/rule-reports/dags/rule_release/runs/r1/"]
     for tag in ("<img", "<b>", "<script", "<u>", "<i>"):
         assert tag not in html, tag
-    assert html.count("<strong>") == 3  # "Commit", the report link, "Rule diff: ..."; not the subject's
+    assert html.count("<strong>") == 3  # "Commit", the report link, "Rule diff:"; not the subject's
+    assert "mailto:" not in html
     # ... and the text reads as written (HTML-escaped by the renderer).
     assert "fix **APPROVED BY SECURITY** [docs](http://evil.example/x) &lt;img src=x onerror=alert(1)&gt; | x |" in html
-    assert "Mallory &lt;b&gt;Admin&lt;/b&gt; &lt;mallory@example.com&gt;" in html
+    assert "Mallory &lt;b&gt;Admin&lt;/b&gt; &lt;mallory@example.com&gt; www.evil.example" in html
     # The diff stays inside its code block even though it holds a ``` line.
     code = re.findall(r"<pre><code class=\"language-diff\">(.*?)</code></pre>", html, re.S)
     assert len(code) == 1 and "**not code any more** &lt;script&gt;" in code[0] and "+threshold: 8" in code[0]
     # One table row per rule: the pipe in the version did not add a cell.
-    row = re.findall(r"<tr>\s*<td>rapid_clicks</td>(.*?)</tr>", html, re.S)
+    row = re.findall(r"<tr>\s*<td><code>rapid_clicks</code></td>(.*?)</tr>", html, re.S)
     assert len(row) == 1 and row[0].count("<td>") == 5
 
 
