@@ -50,6 +50,7 @@ USER_SPECS = {
     "bob": ("Rule viewer", "bob@example.com"),
     "oscar": ("Platform operator", "oscar@example.com"),
     "carol": ("Rule approver", "carol@example.com"),
+    "release-service": ("Release service", "release-service@rules.invalid"),
 }
 USERS = {name: f"{name}-test-pw-{len(name)}x" for name in USER_SPECS}
 
@@ -242,6 +243,11 @@ def airflow_env():
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
         "AIRFLOW__CORE__LAZY_LOAD_PLUGINS": "False",
         "AIRFLOW__CORE__AUTH_MANAGER": "airflow.providers.fab.auth_manager.fab_auth_manager.FabAuthManager",
+        # The release DAG's API account (ends superseded runs).
+        "AIRFLOW_CONN_RULE_LIFECYCLE_API": json.dumps({
+            "conn_type": "http", "host": f"http://127.0.0.1:{port}", "login": "release-service",
+            "password": USERS["release-service"],
+        }),
         "AIRFLOW__API_AUTH__JWT_SECRET": "rule-lifecycle-tests-secret",
         "AIRFLOW__API__SECRET_KEY": "rule-lifecycle-tests-secret",
         "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",

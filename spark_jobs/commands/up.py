@@ -47,7 +47,7 @@ from types import FrameType
 
 from spark_jobs.commands.signals import install_handlers
 from spark_jobs.commands.signals import restore_handlers as _restore_handlers
-from spark_jobs.platform.identity import AUTH_MANAGER
+from spark_jobs.platform.identity import AUTH_MANAGER, DEMO_USERS
 from spark_jobs.platform.launcher import BrokerComponent, ChildSpec, RestartPolicy, Supervisor
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -126,6 +126,16 @@ class Paths:
         return self.workdir / "platform.json"
 
     @property
+    def signing_key_file(self) -> Path:
+        """The HMAC key of rule records (0600): publisher and job only."""
+        return self.workdir / "rules-signing.key"
+
+    @property
+    def connections_file(self) -> Path:
+        """Airflow connections with credentials (0600), read by its secrets backend."""
+        return self.airflow_home / "connections.json"
+
+    @property
     def users_file(self) -> Path:
         """The demo users and their passwords (0600)."""
         return self.airflow_home / "demo-users.json"
@@ -148,6 +158,9 @@ def base_env(bootstrap: str, paths: Paths) -> dict[str, str]:
         "RULES_PLATFORM_STATE": str(paths.state_file),
         "RULES_DETECT_CHECKPOINT": str(paths.checkpoint),
         "RULES_DETECT_STATUS_FILE": str(paths.status_file),
+        # The publisher (Airflow's publish task, `rulectl up` itself) signs rule records
+        # with this key and the detection job refuses any it cannot verify.
+        "RULES_SIGNING_KEY_FILE": str(paths.signing_key_file),
     }
 
 
@@ -217,10 +230,22 @@ def demo_users(paths: Paths) -> list[dict]:
             kept = {u["username"]: u["password"] for u in json.loads(f.read_text() or "[]")}
         except (ValueError, KeyError, TypeError):
             kept = {}
-    passwords = {**identity.generate_passwords(), **{k: v for k, v in kept.items() if k in identity.DEMO_USERS}}
-    specs = identity.demo_user_specs(passwords)
+    names = [*identity.DEMO_USERS, identity.SERVICE_USER]
+    passwords = {**identity.generate_passwords(names), **{k: v for k, v in kept.items() if k in names}}
+    specs = [*identity.demo_user_specs(passwords), identity.service_user_spec(passwords[identity.SERVICE_USER])]
     identity.write_secret_file(f, specs)  # (re)written 0600 even if someone loosened it
     return specs
+
+
+def write_connections(paths: Paths, args: argparse.Namespace, users: list[dict]) -> Path:
+    """The Airflow connections of the platform, for a local-filesystem secrets backend
+    (0600): the release DAG's API account (`rule_lifecycle_api`)."""
+    from spark_jobs.platform import identity
+
+    return identity.write_secret_file(
+        paths.connections_file,
+        identity.api_connection(airflow_url(args), user_password(users, identity.SERVICE_USER)),
+    )
 
 
 def user_password(specs: list[dict], username: str) -> str:
@@ -260,6 +285,8 @@ def airflow_env(
         "AIRFLOW__CORE__LAZY_LOAD_PLUGINS": "False",
         "AIRFLOW__CORE__AUTH_MANAGER": AUTH_MANAGER,
         "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+        "AIRFLOW__SECRETS__BACKEND": "airflow.secrets.local_filesystem.LocalFilesystemBackend",
+        "AIRFLOW__SECRETS__BACKEND_KWARGS": json.dumps({"connections_file_path": str(paths.connections_file)}),
         "AIRFLOW__API__HOST": args.airflow_host,
         "AIRFLOW__API__PORT": str(args.airflow_port),
         "AIRFLOW__API__WORKERS": "1",  # 2-core machines: one API worker is plenty
@@ -438,9 +465,15 @@ def run(args: argparse.Namespace) -> int:
     if not paths.kafka_dir.exists() and paths.detect_dir.exists():
         shutil.move(str(paths.detect_dir), str(paths.workdir / f"detect.orphaned.{int(time.time())}"))
     paths.detect_dir.mkdir(parents=True, exist_ok=True)
+    from spark_jobs.kafka import signing
+
+    signing.ensure_key_file(paths.signing_key_file)
+    os.environ[signing.KEY_FILE_ENV] = str(paths.signing_key_file)  # this process publishes at start
     sup = Supervisor(on_change=lambda s: _write_state(s, paths, bootstrap, args))
     try:
         users = demo_users(paths) if not args.no_airflow else None
+        if users is not None:
+            write_connections(paths, args, users)
         on_ready = None
         if users is not None:
             url = airflow_url(args)
@@ -468,7 +501,7 @@ def run(args: argparse.Namespace) -> int:
         )
         sup.say(f"starting broker on {bootstrap} ...")
         sup.start(BrokerComponent(broker))
-        n_rules = _publish(args.rules, bootstrap, sup)
+        n_rules = _publish(args.rules, bootstrap, sup, paths)
         if n_rules is None:
             return 1
         airflow_bin = airflow_binary()
@@ -512,8 +545,9 @@ def _preflight(args: argparse.Namespace, host: str) -> list[str]:
     return problems
 
 
-def _publish(rules_dir: str, bootstrap: str, sup: Supervisor) -> int | None:
-    """Validate and publish the rules (all or nothing, like `rulectl publish`)."""
+def _publish(rules_dir: str, bootstrap: str, sup: Supervisor, paths: Paths | None = None) -> int | None:
+    """Validate and publish the rules (all or nothing, like `rulectl publish`), and
+    record the publication in the release audit log (`record_bootstrap`)."""
     from spark_jobs.kafka.publisher import publish_rules
     from spark_jobs.rules.loader import load_rules
 
@@ -525,11 +559,51 @@ def _publish(rules_dir: str, bootstrap: str, sup: Supervisor) -> int | None:
             f"rulectl up: {len(loaded.errors)} invalid rule(s) in {rules_dir}: nothing published, stopping"
         )
         return None
-    result = publish_rules([lr.rule for lr in loaded.rules], bootstrap, published_by="rulectl up")
+    commit = _head_commit(Path(rules_dir))
+    result = publish_rules([lr.rule for lr in loaded.rules], bootstrap, published_by="rulectl up", commit=commit)
     sup.say(
         f"published {len(result.published)} rule(s) to {result.topic} ({len(result.unchanged)} unchanged)"
     )
+    if paths is not None and commit:
+        record_bootstrap(paths, commit, {lr.rule.rule_id: lr.rule.version for lr in loaded.rules}, Path(rules_dir))
     return len(loaded.rules)
+
+
+def _head_commit(path: Path) -> str | None:
+    """The commit the published rules come from (HEAD of their repository), if any."""
+    import subprocess
+
+    proc = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True)
+    return proc.stdout.strip() if proc.returncode == 0 and proc.stdout.strip() else None
+
+
+def record_bootstrap(paths: Paths, commit: str, versions: dict[str, str], rules_dir: Path) -> dict | None:
+    """Tell the release DAG what `rulectl up` published at start.
+
+    Without it the first release compares against nothing ("Last published commit: none
+    recorded") although the rules are live. A `published` record in the audit folder
+    the DAG uses (`<workdir>/airflow/rule_lifecycle/audit`) names the commit as the
+    base of the next release; `bootstrap: true` says no person approved it. Written once
+    per workdir (a later start keeps the history the releases wrote)."""
+    import subprocess
+
+    from spark_jobs.lifecycle import audit
+    from spark_jobs.lifecycle.settings import LifecycleSettings
+
+    audit_dir = Path(paths.airflow_home) / "rule_lifecycle" / "audit"
+    if audit.last_published_commit(audit_dir) is not None:
+        return None
+    top = subprocess.run(["git", "-C", str(rules_dir), "rev-parse", "--show-toplevel"], capture_output=True, text=True)
+    repo = top.stdout.strip() or LifecycleSettings().repo
+    dirty = subprocess.run(
+        ["git", "-C", str(rules_dir), "status", "--porcelain", "--", "."], capture_output=True, text=True
+    ).stdout.strip()
+    return audit.append_record(audit_dir, {
+        "event": "published", "bootstrap": True, "commit": commit, "repo": repo, "branch": LifecycleSettings().branch,
+        "dag_id": None, "run_id": None, "approved_by": None, "decided_by": {"id": None, "name": "rulectl up (start)"},
+        "reason": "rules published at platform start" + (" (from a working tree with changes)" if dirty else ""),
+        "rules": [{"rule_id": rid, "version": v, "previous_version": None, "produced": True} for rid, v in sorted(versions.items())],
+    })
 
 
 def _banner(
@@ -559,10 +633,18 @@ def _banner(
             f"  demo       {args.demo_rate:g} events/s + a seed pattern every 10 s; log {paths.logs / 'demo.log'}"
         )
     if "airflow-api-server" in procs and users:
+        from spark_jobs.lifecycle.settings import LifecycleSettings, env_settings
+
+        tracked = LifecycleSettings.from_dict(env_settings())
+        poll = os.environ.get("RULE_RELEASE_POLL_MINUTES", "5")
         lines.append(f"  Airflow    {airflow_url(args)}  (starting, ~1 min); home {paths.airflow_home}, logs {paths.logs}/airflow-*.log")
-        who = ", ".join(f"{u['username']} ({u['roles'][0]})" for u in users)
+        who = ", ".join(f"{u['username']} ({u['roles'][0]})" for u in users if u["username"] in DEMO_USERS)
         lines.append(f"             users: {who}")
         lines.append(f"             passwords in {paths.users_file} (readable by you only)")
+        lines.append(
+            f"  releases   rule_release tracks {tracked.repo} branch {tracked.branch} ({tracked.rules_dir}/), "
+            f"polling every {poll} min; the Airflow Variable rule_lifecycle (\"repo\", \"branch\") changes it"
+        )
     lines += [
         f"  state      {paths.state_file} (pids, logs; SIGTERM the detect pid to restart the job)",
         "watch detections:    rulectl tail events.processed" + _bootstrap_flag(bootstrap),

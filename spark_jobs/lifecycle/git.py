@@ -105,6 +105,12 @@ def release_authors(mirror: Path, base: str | None, commit: str, path: str) -> l
     return rows
 
 
+def is_ancestor(mirror: Path, older: str, newer: str) -> bool:
+    """Whether `older` is an ancestor of `newer` (so `newer` contains it)."""
+    proc = subprocess.run(["git", "-C", str(mirror), "merge-base", "--is-ancestor", older, newer], capture_output=True)
+    return proc.returncode == 0
+
+
 def paths_changed(mirror: Path, base: str, commit: str, path: str) -> bool:
     """Whether anything under `path` differs between two commits."""
     proc = subprocess.run(

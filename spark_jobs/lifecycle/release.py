@@ -100,6 +100,9 @@ def detect_candidate(settings: LifecycleSettings, commit: str | None = None) -> 
         if sha in audit.processed_commits(settings.audit_dir):
             log.info("Head %s of %s was already released or decided; nothing new.", sha[:12], settings.branch)
             return None
+        if any(p.get("commit") == sha for p in audit.pending_runs(settings.audit_dir, settings.repo, settings.branch)):
+            log.info("Head %s of %s is being released by another run; nothing new.", sha[:12], settings.branch)
+            return None
         if base and g._exists(mirror, base) and not g.paths_changed(mirror, base, sha, settings.rules_dir):
             log.info("No change under %s/ between %s and %s.", settings.rules_dir, base[:12], sha[:12])
             return None
@@ -118,6 +121,80 @@ def detect_candidate(settings: LifecycleSettings, commit: str | None = None) -> 
 
 def settings_of(candidate: Mapping) -> LifecycleSettings:
     return LifecycleSettings.from_dict(candidate["settings"])
+
+
+# --------------------------------------------------------------------------- supersede
+
+
+def claim_release(candidate: Mapping, *, dag_id: str, run_id: str) -> list[dict]:
+    """Record that this run releases its commit, and supersede the pending releases it
+    contains.
+
+    A pending run (detected, not decided) of the same repository and branch whose commit
+    is an ancestor of this one is superseded: this release carries its changes too, so
+    approving the older one would publish a state the branch has moved past, and waiting
+    for it would block a hotfix. The `superseded` record is what keeps the older run
+    from publishing (`check_not_superseded`); ending its approval in Airflow is the
+    DAG's job. Returns the superseded `detected` records."""
+    settings = settings_of(candidate)
+    mirror = settings.mirror_dir
+    older = []
+    for p in audit.pending_runs(settings.audit_dir, settings.repo, settings.branch):
+        if p.get("run_id") == run_id or p.get("commit") == candidate["commit"]:
+            continue
+        g.ensure_commit(settings.repo, mirror, p["commit"])
+        if g.is_ancestor(mirror, p["commit"], candidate["commit"]):
+            older.append(p)
+    for p in older:
+        audit.append_record(
+            settings.audit_dir,
+            {
+                "event": "superseded",
+                "commit": p["commit"],
+                "repo": p.get("repo"),
+                "branch": p.get("branch"),
+                "dag_id": p.get("dag_id"),
+                "run_id": p["run_id"],
+                "superseded_by": {"commit": candidate["commit"], "run_id": run_id, "dag_id": dag_id},
+                "reason": f"superseded by {candidate['short']} ({run_id})",
+                "rules": [],
+            },
+        )
+    audit.append_record(
+        settings.audit_dir,
+        {"event": "detected", "commit": candidate["commit"], "repo": candidate.get("repo"),
+         "branch": candidate.get("branch"), "dag_id": dag_id, "run_id": run_id, "rules": []},
+    )
+    return older
+
+
+def record_failure(context: Mapping) -> None:
+    """DAG failure callback: close the run in the audit log (event `failed`), so a run
+    that crashed or timed out waiting no longer counts as pending and its commit can be
+    released again. Never raises: a callback must not mask the failure it reports."""
+    from spark_jobs.lifecycle.settings import resolve_settings
+
+    try:
+        run = context.get("dag_run")
+        run_id = getattr(run, "run_id", None) or context.get("run_id")
+        dag_id = getattr(run, "dag_id", None) or getattr(context.get("dag"), "dag_id", None)
+        if not run_id:
+            return
+        settings = resolve_settings()
+        if any(r.get("run_id") == run_id and r.get("event") in audit.CLOSED_EVENTS for r in audit.read_records(settings.audit_dir)):
+            return  # already closed (invalid, superseded, ...): that record says more
+        audit.append_record(
+            settings.audit_dir,
+            {"event": "failed", "dag_id": dag_id, "run_id": run_id, "reason": str(context.get("reason") or "run failed"),
+             "rules": []},
+        )
+    except Exception:  # noqa: BLE001
+        log.exception("could not record the failed run in the audit log")
+
+
+def superseded(candidate: Mapping, run_id: str) -> dict | None:
+    """The record that superseded this run, if any (then it must not publish)."""
+    return audit.superseded_by(settings_of(candidate).audit_dir, run_id)
 
 
 # --------------------------------------------------------------------------- validate

@@ -13,6 +13,9 @@ they follow Airflow upgrades):
   committed any commit of the release.
 - `Platform operator`: FAB's `Op` permissions (connections, variables, pools, runs);
   not an approver unless also given `Rule approver`.
+- `Release service`: the release DAG's own account on the REST API: may set the state
+  and note of `rule_release` runs and tasks (to end a superseded release, to note a
+  decision on the run), nothing else.
 
 Git identities map to Airflow users by e-mail: the author and committer e-mail of
 every commit in a release are compared, case-insensitively, with the `email` of the
@@ -37,7 +40,12 @@ from pathlib import Path
 AUTH_MANAGER = "airflow.providers.fab.auth_manager.fab_auth_manager.FabAuthManager"
 
 VIEWER, AUTHOR, APPROVER, OPERATOR = "Rule viewer", "Rule author", "Rule approver", "Platform operator"
-ROLES = (AUTHOR, APPROVER, VIEWER, OPERATOR)
+SERVICE = "Release service"
+ROLES = (AUTHOR, APPROVER, VIEWER, OPERATOR, SERVICE)
+# The account the release DAG uses on Airflow's REST API to end a superseded run
+# (connection `rule_lifecycle_api`); not a person, never an approver.
+SERVICE_USER = "release-service"
+API_CONN_ID = "rule_lifecycle_api"
 APPROVER_ROLES = frozenset({APPROVER})
 RELEASE_DAG = "rule_release"
 
@@ -67,7 +75,18 @@ def role_permissions() -> dict[str, set[tuple[str, str]]]:
         APPROVER: viewer
         | {release_dag, (p.ACTION_CAN_EDIT, p.RESOURCE_HITL_DETAIL), (p.ACTION_CAN_ACCESS_MENU, p.RESOURCE_HITL_DETAIL)},
         OPERATOR: viewer | set(SM.USER_PERMISSIONS) | set(SM.OP_PERMISSIONS),
+        SERVICE: viewer | {release_dag, (p.ACTION_CAN_EDIT, p.RESOURCE_DAG_RUN), (p.ACTION_CAN_EDIT, p.RESOURCE_TASK_INSTANCE)},
     }
+
+
+def service_user_spec(password: str) -> dict:
+    return {"username": SERVICE_USER, "roles": [SERVICE], "email": "release-service@rules.invalid",
+            "first_name": "Release", "last_name": "Service", "password": password}
+
+
+def api_connection(base_url: str, password: str) -> dict:
+    """The `rule_lifecycle_api` connection (LocalFilesystemBackend JSON form)."""
+    return {API_CONN_ID: {"conn_type": "http", "host": base_url, "login": SERVICE_USER, "password": password}}
 
 
 def generate_passwords(usernames: Iterable[str] = DEMO_USERS) -> dict[str, str]:
@@ -152,6 +171,7 @@ def make_docker_secrets(folder: Path) -> list[Path]:
     is a placeholder to fill in with the mail relay's host and credentials."""
     from cryptography.fernet import Fernet
 
+    service_pw = secrets.token_urlsafe(24)
     values: dict[str, object] = {
         "postgres_password": secrets.token_urlsafe(24),
         "airflow_fernet_key": Fernet.generate_key().decode(),
@@ -159,9 +179,10 @@ def make_docker_secrets(folder: Path) -> list[Path]:
         "airflow_secret_key": secrets.token_urlsafe(48),
         "airflow_connections.json": {
             "smtp_default": {"conn_type": "smtp", "host": "smtp.example.com", "port": 587, "login": "", "password": "",
-                             "extra": {"from_email": "rule-platform@example.com", "disable_ssl": True}}
+                             "extra": {"from_email": "rule-platform@example.com", "disable_ssl": True}},
+            **api_connection("http://airflow-apiserver:8080", service_pw),
         },
-        "airflow_users.json": demo_user_specs(generate_passwords()),
+        "airflow_users.json": [*demo_user_specs(generate_passwords()), service_user_spec(service_pw)],
     }
     written = []
     for name, value in values.items():

@@ -69,8 +69,19 @@ def history_frame(records: list[dict], fields: TopicFields):  # -> pandas.DataFr
     return frame
 
 
+def _quiet_gx() -> None:
+    """Great Expectations logs every function, expectation and data source it registers
+    at INFO (about 200 lines, most while importing): they bury the result in a task log.
+    Warnings stay."""
+    import logging
+
+    for name in ("great_expectations", "great_expectations.core", "great_expectations.expectations"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
 def _context(data_docs_dir: Path | None):
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
+    _quiet_gx()  # before the import: GX logs its registrations while importing
     import great_expectations as gx
     from great_expectations.data_context.types.base import (
         DataContextConfig,

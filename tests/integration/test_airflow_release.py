@@ -202,6 +202,12 @@ def test_release_waits_for_approval_then_publishes_exactly_the_changed_rule(rele
     states = af.task_states("rule_release", run_id)
     assert states["backtest_candidate"] == "success" and states["backtest_published"] == "success"
     assert states["publish"] is None  # nothing published while waiting
+    # The approvers were notified (embedded default: a private JSON Lines file).
+    notes = release.state / "notifications" / "approvals.jsonl"
+    assert notes.stat().st_mode & 0o777 == 0o600
+    note = json.loads(notes.read_text().splitlines()[-1])
+    assert note["run_id"] == run_id and note["commit"] == c1 and note["rules"] == ["rapid_clicks"]
+    assert note["approve_url"].endswith("/tasks/approve/required_actions") and "carol@example.com" in note["authors"]
 
     # The report, served by the plugin inside the api-server, to a logged-in user only.
     status, html = af.request("GET", f"/rule-reports/dags/rule_release/runs/{run_id}/")
@@ -360,6 +366,66 @@ def test_rejected_release_publishes_nothing(release: Release) -> None:
 
     last = read_records(release.audit_dir)[-1]
     assert last["event"] == "rejected" and last["decided_by"]["name"] == "alice"
+    # It reads as rejected at a glance: the run's note (grid, run list), not just green.
+    note = af.dag_run("rule_release", run_id).get("note") or ""
+    assert note.startswith("REJECTED: Rejected by alice") and "too noisy on checkout pages" in note, note
+    # ... and `rulectl history` of the rejected rule says so.
+    from spark_jobs.lifecycle.audit import rule_history
+
+    assert [r["event"] for r in rule_history(read_records(release.audit_dir), "big_view")] == ["rejected"]
+
+
+def _set_threshold(repo: Path, version: str, threshold: int) -> None:
+    import re
+
+    path = repo / "rules" / "rapid_clicks.yaml"
+    text = re.sub(r'version: "\d+"', f'version: "{version}"', path.read_text())
+    path.write_text(re.sub(r"threshold: \d+", f"threshold: {threshold}", text))
+
+
+def test_a_newer_commit_supersedes_a_pending_release(release: Release) -> None:
+    """A hotfix does not wait for last week's approval: the newer commit's run ends the
+    pending older one (failed, with a note; `superseded` in the audit), and only the
+    newer one publishes."""
+    af = release.af
+    from spark_jobs.lifecycle.audit import read_records
+
+    before = len(topic_records(release.bootstrap, release.topic))
+    _set_threshold(release.repo, "3", 7)
+    old_commit = commit_all(release.repo, "rapid_clicks: 7 clicks")
+    first = af.start_dag_test("rule_release", log_name="release-superseded")
+    first_detail = af.wait_for_hitl("rule_release", first)
+    first_run = first_detail["task_instance"]["dag_run_id"]
+
+    _set_threshold(release.repo, "4", 6)
+    new_commit = commit_all(release.repo, "rapid_clicks: hotfix, 6 clicks")
+    second = af.start_dag_test("rule_release", log_name="release-hotfix")
+    deadline = time.monotonic() + 400
+    second_detail = None
+    while time.monotonic() < deadline and second_detail is None:
+        pending = af.api("GET", "/dags/rule_release/dagRuns/~/hitlDetails?response_received=false")["hitl_details"]
+        second_detail = next((d for d in pending if d["task_instance"]["dag_run_id"] != first_run), None)
+        time.sleep(2)
+    assert second_detail is not None, second.output()[-4000:]
+    second_run = second_detail["task_instance"]["dag_run_id"]
+
+    # The older run is over: failed, and its note says why, in the UI's run list.
+    old = af.dag_run("rule_release", first_run)
+    assert old["state"] == "failed" and "Superseded by" in (old.get("note") or ""), old
+    first.wait(timeout=120)
+    old_states = af.task_states("rule_release", first_run)
+    assert old_states["publish"] != "success" and old_states["approve"] not in ("success", "awaiting_input"), old_states
+    superseded = [r for r in read_records(release.audit_dir) if r["event"] == "superseded"]
+    assert superseded and superseded[-1]["commit"] == old_commit and superseded[-1]["run_id"] == first_run
+    assert superseded[-1]["superseded_by"]["commit"] == new_commit
+
+    af.respond(second_detail, "Approve", comment="hotfix")
+    assert second.wait() == 0, second.output()[-4000:]
+    assert af.dag_run("rule_release", second_run)["state"] == "success"
+    records = topic_records(release.bootstrap, release.topic)
+    versions = [json.loads(r.value)["version"] for r in records[before:] if r.key == b"rapid_clicks"]
+    assert versions == ["4"]  # the hotfix published; version 3 never was
+    assert release.live()["rapid_clicks"]["threshold"] == 6
 
 
 def test_scheduled_backtest_report_keeps_a_dated_report(release: Release) -> None:
@@ -376,7 +442,7 @@ def test_scheduled_backtest_report_keeps_a_dated_report(release: Release) -> Non
     live = release.live()
     assert {r["rule_id"] for r in doc["rules"]} == {k for k, v in live.items() if v.get("enabled", True)}
     versions = {r["rule_id"]: r["candidate_version"] for r in doc["rules"]}
-    assert versions["rapid_clicks"] == "2"  # the published version, not the repo's
+    assert versions["rapid_clicks"] == "4"  # the published version
     assert doc["quality"]["topics"]["events.raw"]["records"] > 0
     assert (dated[0] / "data_docs" / "index.html").exists()
     status, html = af.request("GET", f"/rule-reports/dags/backtest_report/runs/{run_id}/")

@@ -193,9 +193,14 @@ def test_rulectl_up_provisions_one_demo_user_per_role(gov, tmp_path) -> None:
     from spark_jobs.commands import up
 
     af, _ = gov
+    from spark_jobs.platform.identity import DEMO_USERS, write_secret_file
+
     paths = up.Paths(tmp_path)
     users = up.demo_users(paths)
     assert paths.users_file.stat().st_mode & 0o777 == 0o600
+    # The fixture's own release-service account (same DB) keeps its password.
+    users = [u for u in users if u["username"] in DEMO_USERS]
+    write_secret_file(paths.users_file, users)
     airflow_bin = str(__import__("pathlib").Path(sys.executable).parent / "airflow")
     up.prepare_airflow(dict(af.env), airflow_bin, paths.users_file, tmp_path / "init.log")
     tokens = {u["username"]: _login(af, u["username"], u["password"]) for u in users}

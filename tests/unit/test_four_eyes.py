@@ -71,7 +71,8 @@ def test_docker_secrets_are_generated_owner_only_and_never_rotated(tmp_path: Pat
     for p in made:
         assert p.stat().st_mode & 0o777 == 0o600
     users = json.loads((tmp_path / "secrets" / "airflow_users.json").read_text())
-    assert sorted(u["roles"][0] for u in users) == ["Platform operator", "Rule approver", "Rule author", "Rule viewer"]
+    assert sorted(u["roles"][0] for u in users) == [
+        "Platform operator", "Release service", "Rule approver", "Rule author", "Rule viewer"]
     before = (tmp_path / "secrets" / "airflow_jwt_secret").read_text()
     assert make_docker_secrets(tmp_path / "secrets") == []
     assert (tmp_path / "secrets" / "airflow_jwt_secret").read_text() == before

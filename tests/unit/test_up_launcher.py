@@ -136,9 +136,10 @@ def test_plan_starts_detect_demo_airflow_in_that_order_with_workdir_paths(tmp_pa
 def test_demo_users_one_per_role_with_generated_passwords_in_an_owner_only_file(tmp_path: Path) -> None:
     paths = up.Paths(tmp_path)
     users = up.demo_users(paths)
-    assert sorted(u["roles"][0] for u in users) == ["Platform operator", "Rule approver", "Rule author", "Rule viewer"]
+    assert sorted(u["roles"][0] for u in users) == [
+        "Platform operator", "Release service", "Rule approver", "Rule author", "Rule viewer"]
     passwords = [u["password"] for u in users]
-    assert len(set(passwords)) == 4 and all(len(p) >= 16 for p in passwords)
+    assert len(set(passwords)) == 5 and all(len(p) >= 16 for p in passwords)
     assert not {"admin", "change-me", "airflow"} & set(passwords)
     f = tmp_path / "airflow" / "demo-users.json"
     assert f.stat().st_mode & 0o777 == 0o600
@@ -166,7 +167,8 @@ def test_the_banner_names_the_users_and_the_file_but_never_a_password(tmp_path: 
     text = "\n".join(said)
     assert str(paths.users_file) in text
     for u in users:
-        assert u["username"] in text and u["password"] not in text and u["password"][:8] not in text
+        assert u["password"] not in text and u["password"][:8] not in text
+    assert all(name in text for name in ("author", "approver", "viewer", "operator"))
 
 
 # ----------------------------------------------------------------------------- supervision
