@@ -173,6 +173,7 @@ def make_docker_secrets(folder: Path) -> list[Path]:
 
     service_pw = secrets.token_urlsafe(24)
     values: dict[str, object] = {
+        "rules_signing_key": secrets.token_urlsafe(32),
         "postgres_password": secrets.token_urlsafe(24),
         "airflow_fernet_key": Fernet.generate_key().decode(),
         "airflow_jwt_secret": secrets.token_urlsafe(48),

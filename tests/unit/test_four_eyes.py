@@ -66,7 +66,7 @@ def test_docker_secrets_are_generated_owner_only_and_never_rotated(tmp_path: Pat
 
     made = make_docker_secrets(tmp_path / "secrets")
     names = {p.name for p in made}
-    assert names == {"postgres_password", "airflow_fernet_key", "airflow_jwt_secret", "airflow_secret_key",
+    assert names == {"rules_signing_key", "postgres_password", "airflow_fernet_key", "airflow_jwt_secret", "airflow_secret_key",
                      "airflow_connections.json", "airflow_users.json"}
     for p in made:
         assert p.stat().st_mode & 0o777 == 0o600

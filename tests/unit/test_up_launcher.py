@@ -125,6 +125,9 @@ def test_plan_starts_detect_demo_airflow_in_that_order_with_workdir_paths(tmp_pa
     assert env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] == "http://127.0.0.1:18080/execution/"
     assert env["AIRFLOW__CORE__AUTH_MANAGER"] == "airflow.providers.fab.auth_manager.fab_auth_manager.FabAuthManager"
     assert not any("SIMPLE_AUTH_MANAGER" in k for k in env)
+    # Publisher (Airflow) and job share the rule-signing key file; nothing else of it is in the env.
+    assert env["RULES_SIGNING_KEY_FILE"] == (detect.env or {})["RULES_SIGNING_KEY_FILE"] == str(tmp_path / "rules-signing.key")
+    assert "RULES_SIGNING_KEY" not in env
     assert env["RULE_LIFECYCLE_BOOTSTRAP"] == "127.0.0.1:19092"
 
     no_extras = build_parser().parse_args(["up", "--no-airflow", "--no-demo", "--workdir", str(tmp_path)])
