@@ -30,6 +30,7 @@ from rule_lifecycle.sensors import RulesCommitSensor
 
 from spark_jobs.lifecycle import release
 from spark_jobs.lifecycle.params import ReleaseParams, param_schema
+from spark_jobs.platform.identity import APPROVER, assigned_to_role
 
 log = logging.getLogger(__name__)
 POLL = timedelta(minutes=float(os.environ.get("RULE_RELEASE_POLL_MINUTES", "5")))
@@ -217,8 +218,10 @@ with DAG(
             "comment": Param(None, type=["null", "string"], title="Comment", description="Why (kept in the audit log)"),
         },
         response_timeout=timedelta(days=7),
-        # Four eyes are enforced by the api-server (rule_lifecycle/four_eyes.py): only a
-        # Rule approver who wrote no commit of the release can answer.
+        # Assigned to the Rule approver role (spark_jobs/platform/auth.py); four eyes are
+        # enforced by the api-server (rule_lifecycle/four_eyes.py): only an approver who
+        # wrote no commit of the release can answer.
+        assigned_users=[assigned_to_role(APPROVER, "Rule approvers")],
         notifiers=[ApprovalRequestNotifier()],
     )
     publish = PublishRulesOperator(

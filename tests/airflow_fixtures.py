@@ -242,7 +242,7 @@ def airflow_env():
         "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
         "AIRFLOW__CORE__LAZY_LOAD_PLUGINS": "False",
-        "AIRFLOW__CORE__AUTH_MANAGER": "airflow.providers.fab.auth_manager.fab_auth_manager.FabAuthManager",
+        "AIRFLOW__CORE__AUTH_MANAGER": "spark_jobs.platform.auth.RulePlatformAuthManager",
         # The release DAG's API account (ends superseded runs).
         "AIRFLOW_CONN_RULE_LIFECYCLE_API": json.dumps({
             "conn_type": "http", "host": f"http://127.0.0.1:{port}", "login": "release-service",

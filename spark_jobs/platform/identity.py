@@ -37,7 +37,8 @@ import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-AUTH_MANAGER = "airflow.providers.fab.auth_manager.fab_auth_manager.FabAuthManager"
+# FAB's auth manager, plus HITL steps assigned to a role (spark_jobs/platform/auth.py).
+AUTH_MANAGER = "spark_jobs.platform.auth.RulePlatformAuthManager"
 
 VIEWER, AUTHOR, APPROVER, OPERATOR = "Rule viewer", "Rule author", "Rule approver", "Platform operator"
 SERVICE = "Release service"
@@ -47,6 +48,14 @@ ROLES = (AUTHOR, APPROVER, VIEWER, OPERATOR, SERVICE)
 SERVICE_USER = "release-service"
 API_CONN_ID = "rule_lifecycle_api"
 APPROVER_ROLES = frozenset({APPROVER})
+# An `assigned_users` id that stands for every member of a role (spark_jobs/platform/auth.py).
+ROLE_PREFIX = "role:"
+
+
+def assigned_to_role(role: str, label: str | None = None) -> dict[str, str]:
+    """A HITL `assigned_users` entry meaning "every member of `role`" (needs the
+    platform's auth manager, RulePlatformAuthManager, to be honoured)."""
+    return {"id": f"{ROLE_PREFIX}{role}", "name": label or f"{role}s"}
 RELEASE_DAG = "rule_release"
 
 # One demo user per role: username -> (role, e-mail, display name).

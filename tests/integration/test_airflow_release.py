@@ -199,6 +199,8 @@ def test_release_waits_for_approval_then_publishes_exactly_the_changed_rule(rele
     assert "-threshold: 10" in detail["body"] and "+threshold: 8" in detail["body"]
     assert "/rule-reports/dags/rule_release/runs/" in detail["body"]
     assert "Four eyes" in detail["body"] and "`Carol Approver <carol@example.com>`" in detail["body"]
+    # The step is assigned to the approver role (the platform's auth manager honours it).
+    assert detail["assigned_users"] == [{"id": "role:Rule approver", "name": "Rule approvers"}]
     states = af.task_states("rule_release", run_id)
     assert states["backtest_candidate"] == "success" and states["backtest_published"] == "success"
     assert states["publish"] is None  # nothing published while waiting

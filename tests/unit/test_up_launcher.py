@@ -123,7 +123,13 @@ def test_plan_starts_detect_demo_airflow_in_that_order_with_workdir_paths(tmp_pa
     assert env["AIRFLOW__CORE__LOAD_EXAMPLES"] == "False"
     assert env["AIRFLOW__API__PORT"] == "18080"
     assert env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] == "http://127.0.0.1:18080/execution/"
-    assert env["AIRFLOW__CORE__AUTH_MANAGER"] == "airflow.providers.fab.auth_manager.fab_auth_manager.FabAuthManager"
+    # FAB's auth manager (a subclass adding role assignees for approvals).
+    assert env["AIRFLOW__CORE__AUTH_MANAGER"] == "spark_jobs.platform.auth.RulePlatformAuthManager"
+    from airflow.providers.fab.auth_manager.fab_auth_manager import FabAuthManager
+
+    from spark_jobs.platform.auth import RulePlatformAuthManager
+
+    assert issubclass(RulePlatformAuthManager, FabAuthManager)
     assert not any("SIMPLE_AUTH_MANAGER" in k for k in env)
     # Publisher (Airflow) and job share the rule-signing key file; nothing else of it is in the env.
     assert env["RULES_SIGNING_KEY_FILE"] == (detect.env or {})["RULES_SIGNING_KEY_FILE"] == str(tmp_path / "rules-signing.key")
