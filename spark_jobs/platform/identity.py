@@ -74,7 +74,9 @@ def role_permissions() -> dict[str, set[tuple[str, str]]]:
     )
     from airflow.providers.fab.www.security import permissions as p
 
-    viewer = set(SM.VIEWER_PERMISSIONS)
+    # Reading plugin metadata is what makes the UI show the plugin's views (the run's
+    # "Backtest report" tab, the "Backtest reports" menu entry): every role needs it.
+    viewer = set(SM.VIEWER_PERMISSIONS) | {(p.ACTION_CAN_READ, p.RESOURCE_PLUGIN)}
     # FAB lets a user write a DAG's sub-entity (a run, an approval) only with "can_edit"
     # on the DAG itself: granted on the release DAG alone (its per-DAG resource).
     release_dag = (p.ACTION_CAN_EDIT, p.resource_name(RELEASE_DAG, p.RESOURCE_DAG))

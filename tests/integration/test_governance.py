@@ -154,6 +154,25 @@ def test_a_script_in_a_served_report_does_not_run_in_the_browser(planted_report:
         assert browser.evaluate("document.title") == "report"
 
 
+@pytest.mark.skipif(not chromium_available(), reason="headless Chromium not installed")
+def test_a_viewer_reads_the_report_in_the_runs_backtest_report_tab(planted_report: AirflowEnv) -> None:
+    """Logged in as a Rule viewer, the run page has the plugin's tab, and the report
+    loads inside it (same-origin frame, allowed by the CSP's frame-ancestors 'self')."""
+    from airflow_fixtures import USERS
+
+    af = planted_report
+    with Chromium() as browser:
+        browser.login(af.base_url, "bob", USERS["bob"])
+        browser.goto(f"{af.base_url}/dags/rule_release/runs/{RUN_ID}")
+        browser.wait_for("document.body.innerText.includes('Backtest report')", timeout=60)
+        browser.goto(f"{af.base_url}/dags/rule_release/runs/{RUN_ID}/plugin/backtest-report")
+        browser.wait_for(
+            "(() => { const f = document.querySelector('iframe'); return !!(f && f.contentDocument"
+            " && f.contentDocument.body && f.contentDocument.body.innerText.includes('Release report')); })()",
+            timeout=60,
+        )
+
+
 # ----------------------------------------------------------------------------- roles (rulectl up)
 
 
