@@ -18,8 +18,9 @@ from rule_lifecycle.hooks import RulesTopicHook
 from rule_lifecycle.operators import RuleBacktestOperator
 
 from spark_jobs.lifecycle import scheduled
-from spark_jobs.lifecycle.release import REPORT_XCOM_KEY
-from spark_jobs.lifecycle.settings import resolve_settings
+from spark_jobs.lifecycle.params import ReportParams, param_schema
+from spark_jobs.lifecycle.release import REPORT_XCOM_KEY, report_key
+from spark_jobs.lifecycle.settings import run_settings
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +32,8 @@ with DAG(
     catchup=False,
     max_active_runs=1,
     tags=["rules", "report"],
-    params={"settings": Param({}, type="object", description="Overrides of the rule_lifecycle settings")},
+    # Allow-listed (spark_jobs/lifecycle/params.py): Airflow refuses anything else at trigger time.
+    params={"settings": Param({}, **param_schema(ReportParams, "settings"))},
     doc_md=__doc__,
 ) as dag:
 
@@ -39,10 +41,12 @@ with DAG(
     def prepare() -> dict:
         """Live rules, history window + slice + data quality, backtest plan."""
         ctx = get_current_context()
-        settings = resolve_settings(ctx["params"].get("settings") or {})
+        settings = run_settings(dict(ctx["params"]), ReportParams)
         live = RulesTopicHook(settings.kafka_conn_id, bootstrap=settings.bootstrap, topic=settings.rules_topic).current_rules()
         when = ctx.get("data_interval_end") or ctx.get("logical_date")
-        key = (ctx.get("logical_date") or when or datetime.now()).strftime("%Y-%m-%d")
+        run = ctx["dag_run"]
+        # The same key the report view derives from the DagRun row (never from XCom).
+        key = report_key(ctx["dag"].dag_id, ctx["run_id"], run.logical_date, run.data_interval_end, run.run_after)
         plan = scheduled.plan_scheduled(
             settings, live, dag_id=ctx["dag"].dag_id, run_id=ctx["run_id"], report_key=key, interval_end=when
         )

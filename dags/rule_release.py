@@ -6,7 +6,12 @@ given commit. Invalid rules end the run at `validate_rules` with file/field/reas
 its log. The approver reads the report (linked from the approval page and shown in the
 run's "Backtest report" tab) and approves or rejects in Airflow's Required Actions page;
 only an approval publishes, and `record_outcome` writes the decision to the audit log
-(`rulectl history RULE_ID`). The logic lives in spark_jobs.lifecycle and plugins/.
+(`rulectl history RULE_ID`) and to the run's note. Only a Rule approver who wrote no
+commit of the release can answer (four eyes, enforced by the api-server); a newer
+commit's run supersedes a pending older one (`claim_release`). Tracked by default: the
+`main` branch of the project checkout; the Variable `rule_lifecycle` ("repo",
+"branch") changes it. Params are an allow-list (spark_jobs/lifecycle/params.py). The
+logic lives in spark_jobs.lifecycle and plugins/.
 """
 
 from __future__ import annotations
@@ -18,11 +23,14 @@ from datetime import datetime, timedelta
 from airflow.sdk import DAG, Param, get_current_context, task
 from airflow.sdk.exceptions import AirflowFailException
 from airflow.task.trigger_rule import TriggerRule
-from rule_lifecycle.hooks import RulesTopicHook
+from rule_lifecycle.hooks import AirflowApiHook, RulesTopicHook
+from rule_lifecycle.notifiers import ApprovalRequestNotifier
 from rule_lifecycle.operators import PublishRulesOperator, ReleaseApprovalOperator, RuleBacktestOperator
 from rule_lifecycle.sensors import RulesCommitSensor
 
 from spark_jobs.lifecycle import release
+from spark_jobs.lifecycle.params import ReleaseParams, param_schema
+from spark_jobs.platform.identity import APPROVER, assigned_to_role
 
 log = logging.getLogger(__name__)
 POLL = timedelta(minutes=float(os.environ.get("RULE_RELEASE_POLL_MINUTES", "5")))
@@ -49,11 +57,15 @@ with DAG(
     schedule=POLL,
     start_date=datetime(2026, 1, 1),
     catchup=False,
-    max_active_runs=1,
+    # Releases do not queue behind each other: a newer commit supersedes a pending older
+    # one (claim_release), so a hotfix never waits for last week's approval.
+    max_active_runs=4,
+    on_failure_callback=lambda context: release.record_failure(context),
     tags=["rules", "release"],
     params={
-        "commit": Param(None, type=["null", "string"], description="Release this commit (default: new head of the branch)"),
-        "settings": Param({}, type="object", description="Overrides of the rule_lifecycle settings for this run"),
+        # Allow-listed (spark_jobs/lifecycle/params.py): Airflow refuses anything else at trigger time.
+        "commit": Param(None, **param_schema(ReleaseParams, "commit")),
+        "settings": Param({}, **param_schema(ReleaseParams, "settings")),
     },
     doc_md=__doc__,
 ) as dag:
@@ -65,6 +77,31 @@ with DAG(
         timeout=POLL.total_seconds() * 0.9,
         soft_fail=True,
     )
+
+    @task
+    def claim_release(candidate: dict) -> list[str]:
+        """Take the commit; supersede pending releases of older commits of the branch and
+        end their runs (their approval fails, the run's note says by what), so they
+        never publish."""
+        dag_id, run_id = _run_ids()
+        older = release.claim_release(candidate, dag_id=dag_id, run_id=run_id)
+        api = AirflowApiHook()
+        for p in older:
+            note = f"Superseded by {candidate['short']} (run {run_id}): this run publishes nothing."
+            log.warning("Run %s (commit %s) is superseded by %s", p["run_id"], p["commit"][:12], candidate["short"])
+            if api.available():
+                api.end_run(p.get("dag_id") or dag_id, p["run_id"], note)
+            else:
+                log.warning("No connection %s: run %s keeps waiting, but will not publish.", api.conn_id, p["run_id"])
+        return [p["run_id"] for p in older]
+
+    @task.short_circuit(ignore_downstream_trigger_rules=False)
+    def not_superseded(candidate: dict) -> bool:
+        """Publish only if no newer release superseded this one while it waited."""
+        by = release.superseded(candidate, _run_ids()[1])
+        if by:
+            log.warning("Not publishing: %s", by.get("reason"))
+        return by is None
 
     @task(multiple_outputs=True)
     def validate_rules(candidate: dict) -> dict:
@@ -133,24 +170,35 @@ with DAG(
         outcome = release.approval_outcome(ctx["ti"].xcom_pull(task_ids="approve", key="response"))
         published = ctx["ti"].xcom_pull(task_ids="publish")
         who = (outcome["by"] or {}).get("name") or "?"
-        if outcome["approved"] and published is not None:
+        by = release.superseded(candidate, run_id)
+        if by is not None:
+            msg = f"{by.get('reason')}; {outcome['chosen'] or 'no answer'} by {who} came too late. Nothing was published."
+        elif outcome["approved"] and published is not None:
             release.record_decision(
                 candidate, validation, event="published", dag_id=dag_id, run_id=run_id,
-                approval=outcome, published=published, report=report["html"],
+                approval=outcome, published=published, report=report["html"], report_sha256=report.get("sha256"),
             )
             msg = f"Approved by {who} at {outcome['at']}: published {published['published'] or 'nothing new'}"
         else:
             reason = outcome["comment"] or "no reason given"
             release.record_decision(
                 candidate, validation, event="rejected", dag_id=dag_id, run_id=run_id,
-                approval=outcome, report=report["html"], reason=reason,
+                approval=outcome, report=report["html"], report_sha256=report.get("sha256"), reason=reason,
             )
             msg = f"Rejected by {who} at {outcome['at']}: {reason}. Nothing was published."
         log.info(msg)
+        # The run's note says the decision in the grid and the run list: a rejected
+        # release must not read as just another green run.
+        note = ("REJECTED: " if not outcome["approved"] and by is None else "") + msg
+        api = AirflowApiHook()
+        if api.available():
+            api.set_note(dag_id, run_id, note)
         return msg
 
     candidate = detect.output
+    claim = claim_release(candidate)
     validation = validate_rules(candidate)
+    claim >> validation
     go = has_changes(candidate, validation)
     plan = check_history(candidate, validation)
     go >> plan
@@ -170,6 +218,11 @@ with DAG(
             "comment": Param(None, type=["null", "string"], title="Comment", description="Why (kept in the audit log)"),
         },
         response_timeout=timedelta(days=7),
+        # Assigned to the Rule approver role (spark_jobs/platform/auth.py); four eyes are
+        # enforced by the api-server (rule_lifecycle/four_eyes.py): only an approver who
+        # wrote no commit of the release can answer.
+        assigned_users=[assigned_to_role(APPROVER, "Rule approvers")],
+        notifiers=[ApprovalRequestNotifier()],
     )
     publish = PublishRulesOperator(
         task_id="publish",
@@ -180,4 +233,4 @@ with DAG(
         commit="{{ ti.xcom_pull(task_ids='detect_commit')['commit'] }}",
         published_by="{{ ((ti.xcom_pull(task_ids='approve', key='response') or {}).get('responded_by_user') or {}).get('name', '') }}",
     )
-    report >> approve >> publish >> record_outcome(candidate, validation, report)
+    report >> approve >> not_superseded(candidate) >> publish >> record_outcome(candidate, validation, report)

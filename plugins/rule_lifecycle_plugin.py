@@ -3,7 +3,8 @@
 - FastAPI app under /rule-reports (plugins/rule_lifecycle/views.py);
 - a "Backtest report" tab on every DAG run page (external view, destination dag_run)
   and a "Backtest reports" entry in the navigation;
-- a "Backtest report" extra link on the approval and backtest tasks.
+- a "Backtest report" extra link on the approval and backtest tasks;
+- the four-eyes check on answers to the release approval (rule_lifecycle/four_eyes.py).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from airflow.plugins_manager import AirflowPlugin
 from airflow.providers.standard.operators.hitl import ApprovalOperator
 from airflow.sdk import BaseOperatorLink
+from rule_lifecycle.four_eyes import FourEyesMiddleware
 from rule_lifecycle.operators import ReleaseApprovalOperator, RuleBacktestOperator
 from rule_lifecycle.views import app, report_href_template
 
@@ -45,4 +47,5 @@ class RuleLifecyclePlugin(AirflowPlugin):
             "url_route": "backtest-reports",
         },
     ]
+    fastapi_root_middlewares = [{"middleware": FourEyesMiddleware, "name": "Four eyes on release approvals"}]
     operator_extra_links = [BacktestReportLink()]

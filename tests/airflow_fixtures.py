@@ -41,7 +41,18 @@ AIRFLOW = str(VENV_BIN / "airflow")
 PG_URL = os.environ.get("AIRFLOW_TEST_PG", "postgresql+psycopg2://postgres@127.0.0.1:5432")
 DB_NAME = os.environ.get("AIRFLOW_TEST_DB", "airflow_rules_test")
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
-USERS = {"alice": "alice-approver-pw", "bob": "bob-viewer-pw"}
+# Real FAB users, one per platform role (spark_jobs/platform/identity.py). Rita authors
+# the test commits (rita@example.com), so four eyes let Alice approve them but not Rita
+# (were she an approver) nor anyone whose e-mail matches a commit of the release.
+USER_SPECS = {
+    "alice": ("Rule approver", "alice@example.com"),
+    "rita": ("Rule author", "rita@example.com"),
+    "bob": ("Rule viewer", "bob@example.com"),
+    "oscar": ("Platform operator", "oscar@example.com"),
+    "carol": ("Rule approver", "carol@example.com"),
+    "release-service": ("Release service", "release-service@rules.invalid"),
+}
+USERS = {name: f"{name}-test-pw-{len(name)}x" for name in USER_SPECS}
 
 
 def free_port() -> int:
@@ -92,7 +103,7 @@ class AirflowEnv:
                 self._tokens[user] = json.loads(resp.read())["access_token"]
         return self._tokens[user]
 
-    def request(self, method: str, path: str, body: object = None, user: str = "alice") -> tuple[int, bytes]:
+    def request(self, method: str, path: str, body: object = None, user: str = "oscar") -> tuple[int, bytes]:
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(
             f"{self.base_url}{path}",
@@ -106,7 +117,7 @@ class AirflowEnv:
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read()
 
-    def api(self, method: str, path: str, body: object = None, user: str = "alice") -> dict:
+    def api(self, method: str, path: str, body: object = None, user: str = "oscar") -> dict:
         status, raw = self.request(method, f"/api/v2{path}", body, user)
         if status >= 400:
             raise AssertionError(f"{method} {path} -> {status}: {raw[:500]!r}")
@@ -223,7 +234,6 @@ def airflow_env():
     except Exception as exc:  # noqa: BLE001
         pytest.skip(f"PostgreSQL not reachable at {PG_URL}: {exc}")
     port = free_port()
-    (home / "passwords.json").write_text(json.dumps(USERS))
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW_", "AIRFLOW__", "RULE_LIFECYCLE_"))},
         "AIRFLOW_HOME": str(home),
@@ -232,8 +242,12 @@ def airflow_env():
         "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
         "AIRFLOW__CORE__LAZY_LOAD_PLUGINS": "False",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "alice:admin,bob:viewer",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json"),
+        "AIRFLOW__CORE__AUTH_MANAGER": "spark_jobs.platform.auth.RulePlatformAuthManager",
+        # The release DAG's API account (ends superseded runs).
+        "AIRFLOW_CONN_RULE_LIFECYCLE_API": json.dumps({
+            "conn_type": "http", "host": f"http://127.0.0.1:{port}", "login": "release-service",
+            "password": USERS["release-service"],
+        }),
         "AIRFLOW__API_AUTH__JWT_SECRET": "rule-lifecycle-tests-secret",
         "AIRFLOW__API__SECRET_KEY": "rule-lifecycle-tests-secret",
         "AIRFLOW__API__BASE_URL": f"http://127.0.0.1:{port}",
@@ -251,6 +265,18 @@ def airflow_env():
     mig = subprocess.run([AIRFLOW, "db", "migrate"], env=env, capture_output=True, text=True, timeout=300)
     if mig.returncode != 0:
         raise RuntimeError(f"airflow db migrate failed:\n{mig.stdout[-3000:]}\n{mig.stderr[-3000:]}")
+    users_file = home / "users.json"
+    users_file.write_text(json.dumps([
+        {"username": u, "roles": [role], "email": email, "first_name": u.title(), "last_name": "Test", "password": USERS[u]}
+        for u, (role, email) in USER_SPECS.items()
+    ]))
+    users_file.chmod(0o600)
+    prov = subprocess.run(
+        [sys.executable, "-m", "spark_jobs.platform.identity", str(users_file)],
+        env=env, capture_output=True, text=True, timeout=300,
+    )
+    if prov.returncode != 0:
+        raise RuntimeError(f"provisioning users failed:\n{prov.stdout[-3000:]}\n{prov.stderr[-3000:]}")
     api_log = home / "api-server.log"
     fh = api_log.open("w")
     proc = subprocess.Popen(
@@ -391,6 +417,32 @@ class Chromium:
             except TimeoutError:
                 break
         raise TimeoutError(f"page did not load: {url}")
+
+    def type_into(self, selector: str, text: str) -> None:
+        """Focus an element and type into it (as keyboard input, not by setting .value)."""
+        assert self.evaluate(f"(() => {{const e = document.querySelector({json.dumps(selector)}); if (!e) return false; e.focus(); return true}})()"), selector
+        self.send("Input.insertText", {"text": text}, session=True)
+
+    def click_button(self, label: str) -> bool:
+        """Click the first visible, enabled button whose text is `label`; False if none."""
+        return bool(self.evaluate(
+            "(() => {const b = [...document.querySelectorAll('button,input[type=submit]')].find(x => "
+            f"(x.innerText || x.value || '').trim() === {json.dumps(label)} && !x.disabled && x.offsetParent !== null);"
+            " if (!b) return false; b.click(); return true})()"
+        ))
+
+    def login(self, base_url: str, username: str, password: str) -> None:
+        """Sign in on Airflow's login page (FAB) like a person: type, click Sign In."""
+        self.send("Network.clearBrowserCookies", session=True)
+        self.goto(f"{base_url}/auth/login/")
+        self.wait_for("!!document.querySelector('#username')")
+        self.type_into("#username", username)
+        self.type_into("#password", password)
+        self.evaluate("document.querySelector('input[type=submit]').click()")
+        self.wait_for("location.pathname === '/' || !location.pathname.startsWith('/auth/login')", timeout=30)
+
+    def text(self) -> str:
+        return str(self.evaluate("document.body ? document.body.innerText : ''") or "")
 
     def evaluate(self, expression: str) -> object:
         res = self.send(

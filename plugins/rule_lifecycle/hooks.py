@@ -91,3 +91,74 @@ class RuleSparkSubmitHook(SparkSubmitHook):
             self.log.info("No Spark connection %r: using master %s", self._conn_id, self.default_master)
             data["master"] = self.default_master
         return data
+
+
+class AirflowApiHook:
+    """Airflow's own REST API, as the release's service account.
+
+    A task cannot change another DAG run (tasks do not touch the metadata DB); the
+    public API can, under a user whose role allows exactly that (`Release service`:
+    spark_jobs/platform/identity.py). The credentials are an Airflow connection
+    (`rule_lifecycle_api`: host = the api-server's URL, login, password), kept in the
+    secrets backend, never in code or params.
+    """
+
+    def __init__(self, conn_id: str = "rule_lifecycle_api") -> None:
+        self.conn_id = conn_id
+
+    def _conn(self) -> Any:
+        from airflow.sdk import BaseHook
+
+        return BaseHook.get_connection(self.conn_id)
+
+    def available(self) -> bool:
+        try:
+            self._conn()
+        except AirflowNotFoundException:
+            return False
+        return True
+
+    def _call(self, method: str, path: str, body: object = None) -> dict:
+        import json
+        import urllib.request
+
+        conn = self._conn()
+        base = (conn.host or "").rstrip("/")
+        if conn.port and f":{conn.port}" not in base.split("//", 1)[-1]:
+            base = f"{base}:{conn.port}"
+        req = urllib.request.Request(
+            f"{base}/auth/token",
+            data=json.dumps({"username": conn.login, "password": conn.password}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            token = json.loads(resp.read())["access_token"]
+        req = urllib.request.Request(
+            f"{base}{path}",
+            data=json.dumps(body).encode() if body is not None else None,
+            method=method,
+            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            raw = resp.read()
+        return json.loads(raw) if raw else {}
+
+    def set_note(self, dag_id: str, run_id: str, note: str) -> dict:
+        """The run's note: shown in the grid and the run list, so a decision reads at a glance."""
+        from urllib.parse import quote
+
+        return self._call(
+            "PATCH",
+            f"/api/v2/dags/{quote(dag_id, safe='')}/dagRuns/{quote(run_id, safe='')}?update_mask=note",
+            {"note": note[:1000]},
+        )
+
+    def end_run(self, dag_id: str, run_id: str, note: str, task_id: str = "approve") -> dict:
+        """End a run that waits at `task_id`: that task fails (so the run fails and its
+        approval is no longer asked), and the run's note says why."""
+        from urllib.parse import quote
+
+        run = f"/api/v2/dags/{quote(dag_id, safe='')}/dagRuns/{quote(run_id, safe='')}"
+        result = self._call("PATCH", f"{run}/taskInstances/{quote(task_id, safe='')}", {"new_state": "failed", "note": note[:1000]})
+        self.set_note(dag_id, run_id, note)
+        return result

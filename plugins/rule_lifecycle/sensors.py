@@ -16,24 +16,31 @@ class RulesCommitSensor(BaseSensorOperator):
     and its `rules/` differ from the last published commit. The XCom value is the
     candidate: commit metadata, the base commit and the run's resolved settings.
 
-    :param commit: explicit commit-ish (templated), or empty to track the branch.
-    :param settings_overrides: settings for this run (templated dict, e.g. from params).
+    The run's params pass the allow-list (spark_jobs.lifecycle.params.ReleaseParams)
+    again here: Airflow already checked them against the same schema at trigger time,
+    but a run created another way (`airflow dags test -c`) must not slip past it.
+
+    :param commit: explicit commit id (templated), or empty to track the branch.
     """
 
-    template_fields: Sequence[str] = ("commit", "settings_overrides")
+    template_fields: Sequence[str] = ("commit",)
     ui_color = "#e0ecfd"
 
-    def __init__(self, *, commit: str | None = None, settings_overrides: Any = None, **kwargs: Any) -> None:
+    def __init__(self, *, commit: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.commit = commit
-        self.settings_overrides = settings_overrides
 
     def poke(self, context: Any) -> PokeReturnValue:
-        from spark_jobs.lifecycle.release import detect_candidate
-        from spark_jobs.lifecycle.settings import resolve_settings
+        from airflow.providers.common.compat.sdk import AirflowFailException
 
-        overrides = self.settings_overrides if isinstance(self.settings_overrides, dict) else {}
-        settings = resolve_settings(overrides)
+        from spark_jobs.lifecycle.params import ParamsRejected, ReleaseParams
+        from spark_jobs.lifecycle.release import detect_candidate
+        from spark_jobs.lifecycle.settings import run_settings
+
+        try:
+            settings = run_settings(dict(context.get("params") or {}), ReleaseParams)
+        except ParamsRejected as exc:
+            raise AirflowFailException(str(exc)) from None
         commit = (self.commit or "").strip() or None
         if commit in ("None", "null"):
             commit = None

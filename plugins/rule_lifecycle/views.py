@@ -1,10 +1,19 @@
 """The backtest report inside the Airflow UI: a FastAPI app mounted on the api-server.
 
-Each report-producing task pushes an XCom `rule_report` ({"dir", "html", ...}); this app
-finds a run's report through that XCom (so the api-server needs no settings of its own)
-and serves report.html and the files next to it (Data Docs). Access needs the same
-right as reading the DAG run, checked by Airflow's auth manager from the UI session
-cookie or a bearer token.
+A run's report folder is derived here, on the server, from the lifecycle settings
+(environment + the `rule_lifecycle` Variable, as an operator set them) and the run's
+identity in the metadata DB: `<report_dir>/<dag_id>/<run_id>` for a release,
+`<report_dir>/backtest_report/<date>` for the daily report
+(spark_jobs.lifecycle.release.report_key). It never comes from an XCom or the
+request: whoever can write an XCom must not be able to make the api-server serve its
+own secret key or `airflow.cfg`. Within the folder, a request path that resolves
+outside it (`..`, symlinks) is a 404.
+
+Every response carries a strict Content-Security-Policy (no scripts, nothing loaded
+from another origin), so a value rendered into a report or into Great Expectations'
+Data Docs cannot run in the approver's Airflow session. Access needs the same right
+as reading the DAG run, checked by Airflow's auth manager from the UI session cookie
+or a bearer token.
 """
 
 from __future__ import annotations
@@ -13,10 +22,10 @@ import html
 import mimetypes
 from pathlib import Path
 
-from fastapi import Depends, FastAPI, HTTPException
+from fastapi import Depends, FastAPI, HTTPException, Request, Response
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
 
-from spark_jobs.lifecycle.release import REPORT_URL_PREFIX, REPORT_XCOM_KEY
+from spark_jobs.lifecycle.release import REPORT_URL_PREFIX, REPORT_XCOM_KEY, report_key, safe_name
 
 try:  # the auth dependency exists only inside the api-server package
     from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
@@ -30,23 +39,63 @@ except ImportError:  # pragma: no cover
 
 app = FastAPI(title="Rule lifecycle reports", docs_url=None, redoc_url=None, openapi_url=None)
 
+# No script runs, nothing comes from another origin; inline styles (the report's and
+# Data Docs' <style>) and same-origin images are all a report needs. frame-ancestors
+# 'self' keeps the "Backtest report" tab (an iframe of the Airflow UI) working.
+CSP = (
+    "default-src 'none'; script-src 'none'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+    "font-src 'self'; connect-src 'none'; object-src 'none'; base-uri 'none'; form-action 'none'; "
+    "frame-ancestors 'self'"
+)
+SECURITY_HEADERS = {
+    "Content-Security-Policy": CSP,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
 
-def _report_entry(dag_id: str, run_id: str) -> dict:
-    from airflow.models.xcom import XComModel
+
+@app.middleware("http")
+async def security_headers(request: Request, call_next) -> Response:  # type: ignore[no-untyped-def]
+    """The CSP and friends on every response of this app, errors and redirects included."""
+    response = await call_next(request)
+    for name, value in SECURITY_HEADERS.items():
+        response.headers[name] = value
+    return response
+
+
+def _server_settings():  # type: ignore[no-untyped-def]
+    """The lifecycle settings as the operator configured them (environment, then the
+    `rule_lifecycle` Variable read from the metadata DB): nothing a run or a request chose."""
+    import json
+
+    from airflow.models.variable import Variable
+
+    from spark_jobs.lifecycle.settings import VARIABLE_NAME, LifecycleSettings, env_settings
+
+    merged = env_settings()
+    raw = Variable.get(VARIABLE_NAME, default_var=None)
+    if raw:
+        value = json.loads(raw)
+        if isinstance(value, dict):
+            merged.update(value)
+    return LifecycleSettings.from_dict(merged)
+
+
+def _report_root(dag_id: str, run_id: str) -> Path:
+    """The run's report folder, derived from the settings and the DagRun row."""
+    from airflow.models.dagrun import DagRun
     from airflow.utils.session import create_session
     from sqlalchemy import select
 
     with create_session() as session:
-        row = session.scalars(
-            select(XComModel)
-            .where(XComModel.dag_id == dag_id, XComModel.run_id == run_id, XComModel.key == REPORT_XCOM_KEY)
-            .order_by(XComModel.timestamp.desc())
-            .limit(1)
-        ).first()
-        value = XComModel.deserialize_value(row) if row is not None else None
-    if not isinstance(value, dict) or not value.get("dir"):
+        run = session.scalars(select(DagRun).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id)).first()
+        if run is None:
+            raise HTTPException(404, "Not found")
+        key = report_key(dag_id, run_id, run.logical_date, run.data_interval_end, run.run_after)
+    root = Path(_server_settings().report_dir) / safe_name(dag_id) / safe_name(key)
+    if not root.is_dir():
         raise HTTPException(404, f"No backtest report for run {run_id!r} of {dag_id!r} (yet).")
-    return value
+    return root
 
 
 def _safe_file(root: Path, rel: str) -> Path:
@@ -72,15 +121,13 @@ def report_redirect(dag_id: str, run_id: str) -> RedirectResponse:
 @app.get("/dags/{dag_id}/runs/{run_id}/", dependencies=_RUN_ACCESS, response_class=FileResponse)
 def report_html(dag_id: str, run_id: str) -> FileResponse:
     """The run's report.html."""
-    entry = _report_entry(dag_id, run_id)
-    return FileResponse(_safe_file(Path(entry["dir"]), "report.html"), media_type="text/html")
+    return FileResponse(_safe_file(_report_root(dag_id, run_id), "report.html"), media_type="text/html")
 
 
 @app.get("/dags/{dag_id}/runs/{run_id}/{path:path}", dependencies=_RUN_ACCESS)
 def report_file(dag_id: str, run_id: str, path: str) -> FileResponse:
     """report.json, Data Docs pages and anything else written next to the report."""
-    entry = _report_entry(dag_id, run_id)
-    target = _safe_file(Path(entry["dir"]), path)
+    target = _safe_file(_report_root(dag_id, run_id), path)
     media = mimetypes.guess_type(target.name)[0] or "application/octet-stream"
     return FileResponse(target, media_type=media)
 

@@ -2,8 +2,10 @@
 version, when, from which commit), read from the release audit log.
 
 The audit dir defaults to the lifecycle settings (RULE_LIFECYCLE_AUDIT_DIR, or
-RULE_LIFECYCLE_STATE_DIR/audit, or $AIRFLOW_HOME/rule_lifecycle/audit), so on an Airflow
-machine the command needs no arguments beyond the rule id.
+RULE_LIFECYCLE_STATE_DIR/audit, or $AIRFLOW_HOME/rule_lifecycle/audit), then to where
+`rulectl up` keeps it when run from this folder (var/airflow/rule_lifecycle/audit), so
+the command needs no arguments beyond the rule id on an Airflow machine or next to
+`rulectl up`. Invalid attempts (validation failed) are listed too.
 """
 
 from __future__ import annotations
@@ -27,20 +29,32 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _audit_dir(arg: Path | None) -> Path:
+UP_AUDIT_DIR = Path("var") / "airflow" / "rule_lifecycle" / "audit"
+
+
+def _audit_dirs(arg: Path | None) -> list[Path]:
+    """Where to look: --audit-dir; else the settings (RULE_LIFECYCLE_AUDIT_DIR,
+    RULE_LIFECYCLE_STATE_DIR, AIRFLOW_HOME); else what `rulectl up` uses from this
+    folder (`var/airflow/rule_lifecycle/audit`, its default workdir)."""
     if arg is not None:
-        return arg
+        return [arg]
     from spark_jobs.lifecycle.settings import resolve_settings
 
-    return Path(resolve_settings(use_airflow=False).audit_dir)
+    return [Path(resolve_settings(use_airflow=False).audit_dir), UP_AUDIT_DIR]
 
 
 def run(args: argparse.Namespace) -> int:
     from spark_jobs.lifecycle.audit import audit_path, read_records, rule_history
 
-    audit_dir = _audit_dir(args.audit_dir)
-    if not audit_path(audit_dir).exists():
-        print(f"rulectl history: no audit log at {audit_path(audit_dir)}", file=sys.stderr)
+    candidates = _audit_dirs(args.audit_dir)
+    audit_dir = next((d for d in candidates if audit_path(d).exists()), None)
+    if audit_dir is None:
+        tried = ", ".join(str(audit_path(d)) for d in candidates)
+        print(
+            f"rulectl history: no audit log (looked at {tried}); give --audit-dir, or run it where "
+            "`rulectl up` ran (its workdir var/), or set RULE_LIFECYCLE_STATE_DIR",
+            file=sys.stderr,
+        )
         return 2
     rows = rule_history(read_records(audit_dir), args.rule_id)
     if args.only_version is not None:
@@ -65,5 +79,7 @@ def run(args: argparse.Namespace) -> int:
             line += f"  — {r.get('comment') or r.get('reason')}"
         if r.get("run_id"):
             line += f"  [{r.get('dag_id')} {r['run_id']}]"
+        if r.get("report_sha256"):
+            line += f"  report sha256 {r['report_sha256'][:16]}"
         print(line)
     return 0

@@ -3,9 +3,17 @@
 One command, in this order: the embedded Apache Kafka broker on 127.0.0.1:9092 with
 the platform's topics; the rules of `rules/` validated and published to `rules.active`;
 the detection job (`rulectl detect`, Spark local mode); the demo generator
-(`rulectl demo --forever`); Airflow standalone (UI, scheduler, DAG processor, triggerer)
-with this repository's dags/ and plugins/. Ctrl-C or SIGTERM stops them in reverse
-order, each with its graceful signal (a second Ctrl-C stops without waiting).
+(`rulectl demo --forever`); Airflow (api-server with the UI, scheduler, DAG processor,
+triggerer) with this repository's dags/ and plugins/. Ctrl-C or SIGTERM stops them in
+reverse order, each with its graceful signal (a second Ctrl-C stops without waiting).
+
+Airflow runs with its production auth manager (FAB: users and roles in the metadata
+DB), not `airflow standalone`, which forces the development-only simple auth manager.
+Before its components start, the metadata DB is migrated and the platform's roles and
+one demo user per role (author, approver, viewer, operator; see
+spark_jobs/platform/identity.py) are provisioned. Their passwords are generated once
+per workdir and kept in `<workdir>/airflow/demo-users.json`, readable by its owner only;
+the terminal shows where, never the passwords themselves.
 
 Supervision policy (spark_jobs.platform.launcher):
 * the detection job is **restarted** when it exits: from its checkpoint, so no event is
@@ -17,7 +25,7 @@ Supervision policy (spark_jobs.platform.launcher):
 
 The broker keeps its log in `<workdir>/kafka` and the job its checkpoint in
 `<workdir>/detect`, so a second `rulectl up` resumes where the first stopped. Airflow's
-home (database, logs, admin password) persists in `<workdir>/airflow`.
+home (database, logs, demo users' passwords) persists in `<workdir>/airflow`.
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ from types import FrameType
 
 from spark_jobs.commands.signals import install_handlers
 from spark_jobs.commands.signals import restore_handlers as _restore_handlers
+from spark_jobs.platform.identity import AUTH_MANAGER, DEMO_USERS
 from spark_jobs.platform.launcher import BrokerComponent, ChildSpec, RestartPolicy, Supervisor
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -58,11 +67,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--airflow-port", type=int, default=8080, help="Airflow UI/API port (default: 8080)")
     p.add_argument(
         "--airflow-host", default="127.0.0.1", help="Airflow UI listen address (default: 127.0.0.1)"
-    )
-    p.add_argument(
-        "--airflow-password",
-        default=None,
-        help="admin password (default: generated once, kept in the workdir)",
     )
     p.add_argument(
         "--airflow-db",
@@ -121,6 +125,21 @@ class Paths:
     def state_file(self) -> Path:
         return self.workdir / "platform.json"
 
+    @property
+    def signing_key_file(self) -> Path:
+        """The HMAC key of rule records (0600): publisher and job only."""
+        return self.workdir / "rules-signing.key"
+
+    @property
+    def connections_file(self) -> Path:
+        """Airflow connections with credentials (0600), read by its secrets backend."""
+        return self.airflow_home / "connections.json"
+
+    @property
+    def users_file(self) -> Path:
+        """The demo users and their passwords (0600)."""
+        return self.airflow_home / "demo-users.json"
+
 
 def rulectl_argv(*args: str) -> list[str]:
     """Run a rulectl command with this interpreter (works without `rulectl` on PATH)."""
@@ -139,6 +158,9 @@ def base_env(bootstrap: str, paths: Paths) -> dict[str, str]:
         "RULES_PLATFORM_STATE": str(paths.state_file),
         "RULES_DETECT_CHECKPOINT": str(paths.checkpoint),
         "RULES_DETECT_STATUS_FILE": str(paths.status_file),
+        # The publisher (Airflow's publish task, `rulectl up` itself) signs rule records
+        # with this key and the detection job refuses any it cannot verify.
+        "RULES_SIGNING_KEY_FILE": str(paths.signing_key_file),
     }
 
 
@@ -195,23 +217,39 @@ def airflow_binary() -> str | None:
     return shutil.which("airflow")
 
 
-def airflow_password(paths: Paths, given: str | None) -> str:
-    """The admin password: given, else the one kept from a previous run, else a new one.
+def demo_users(paths: Paths) -> list[dict]:
+    """The demo users (one per role) with their passwords: generated on the first start
+    of a workdir, then kept in `demo-users.json` (mode 0600), which is also what
+    `spark_jobs.platform.identity` provisions from."""
+    from spark_jobs.platform import identity
 
-    Stored in the simple auth manager's password file, which Airflow reads at login.
-    """
-    pw_file = paths.airflow_home / "passwords.json"
-    existing: dict[str, str] = {}
-    if pw_file.exists():
+    f = paths.users_file
+    kept: dict[str, str] = {}
+    if f.exists():
         try:
-            existing = json.loads(pw_file.read_text() or "{}")
-        except ValueError:
-            existing = {}
-    password = given or existing.get("admin") or secrets.token_urlsafe(9)
-    paths.airflow_home.mkdir(parents=True, exist_ok=True)
-    pw_file.write_text(json.dumps({**existing, "admin": password}) + "\n")
-    pw_file.chmod(0o600)
-    return password
+            kept = {u["username"]: u["password"] for u in json.loads(f.read_text() or "[]")}
+        except (ValueError, KeyError, TypeError):
+            kept = {}
+    names = [*identity.DEMO_USERS, identity.SERVICE_USER]
+    passwords = {**identity.generate_passwords(names), **{k: v for k, v in kept.items() if k in names}}
+    specs = [*identity.demo_user_specs(passwords), identity.service_user_spec(passwords[identity.SERVICE_USER])]
+    identity.write_secret_file(f, specs)  # (re)written 0600 even if someone loosened it
+    return specs
+
+
+def write_connections(paths: Paths, args: argparse.Namespace, users: list[dict]) -> Path:
+    """The Airflow connections of the platform, for a local-filesystem secrets backend
+    (0600): the release DAG's API account (`rule_lifecycle_api`)."""
+    from spark_jobs.platform import identity
+
+    return identity.write_secret_file(
+        paths.connections_file,
+        identity.api_connection(airflow_url(args), user_password(users, identity.SERVICE_USER)),
+    )
+
+
+def user_password(specs: list[dict], username: str) -> str:
+    return next(u["password"] for u in specs if u["username"] == username)
 
 
 def _airflow_secret(paths: Paths) -> str:
@@ -219,9 +257,14 @@ def _airflow_secret(paths: Paths) -> str:
     f = paths.airflow_home / ".secret"
     if not f.exists():
         paths.airflow_home.mkdir(parents=True, exist_ok=True)
-        f.write_text(secrets.token_urlsafe(32))
-        f.chmod(0o600)
-    return f.read_text().strip()
+        from spark_jobs.platform.identity import write_secret_file
+
+        write_secret_file(f, {"secret": secrets.token_urlsafe(32)})
+    raw = f.read_text().strip()
+    try:
+        return str(json.loads(raw)["secret"])
+    except (ValueError, KeyError, TypeError):  # a workdir from before: the bare secret
+        return raw
 
 
 def airflow_env(
@@ -240,9 +283,10 @@ def airflow_env(
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(project_root / "plugins"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__CORE__LAZY_LOAD_PLUGINS": "False",
-        "AIRFLOW__CORE__AUTH_MANAGER": "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json"),
+        "AIRFLOW__CORE__AUTH_MANAGER": AUTH_MANAGER,
+        "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+        "AIRFLOW__SECRETS__BACKEND": "airflow.secrets.local_filesystem.LocalFilesystemBackend",
+        "AIRFLOW__SECRETS__BACKEND_KWARGS": json.dumps({"connections_file_path": str(paths.connections_file)}),
         "AIRFLOW__API__HOST": args.airflow_host,
         "AIRFLOW__API__PORT": str(args.airflow_port),
         "AIRFLOW__API__WORKERS": "1",  # 2-core machines: one API worker is plenty
@@ -261,32 +305,59 @@ def airflow_env(
     return env
 
 
-def airflow_spec(
+AIRFLOW_COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
+
+
+def airflow_specs(
     args: argparse.Namespace,
     bootstrap: str,
     paths: Paths,
     binary: str,
     on_ready: Callable[[], None] | None = None,
-) -> ChildSpec:
+) -> list[ChildSpec]:
+    """Airflow's components as separate children (what `airflow standalone` runs, but
+    with the FAB auth manager that standalone would replace)."""
     url = airflow_url(args)
-    return ChildSpec(
-        name="airflow",
-        argv=[binary, "standalone"],
-        env=airflow_env(args, bootstrap, paths),
-        cwd=paths.airflow_home,
-        log_path=paths.logs / "airflow.log",
-        # `airflow standalone` stops its scheduler/api-server/... on SIGINT only; on
-        # SIGTERM it would die and leave them running (the group kill then cleans up).
-        stop_signal=signal.SIGINT,
-        stop_timeout=60.0,
-        ready=lambda: _http_ok(f"{url}/api/v2/monitor/health"),
-        ready_message=f"Airflow UI ready: {url}",
-        on_ready=on_ready,
-    )
+    env = airflow_env(args, bootstrap, paths)
+    specs = []
+    for component in AIRFLOW_COMPONENTS:
+        api = component == "api-server"
+        specs.append(
+            ChildSpec(
+                name=f"airflow-{component}",
+                argv=[binary, component],
+                env=env,
+                cwd=paths.airflow_home,
+                log_path=paths.logs / f"airflow-{component}.log",
+                stop_timeout=60.0,
+                ready=(lambda: _http_ok(f"{url}/api/v2/monitor/health")) if api else None,
+                ready_message=f"Airflow UI ready: {url}" if api else None,
+                on_ready=on_ready if api else None,
+            )
+        )
+    return specs
+
+
+def prepare_airflow(env: dict[str, str], binary: str, users_file: Path, log: Path) -> None:
+    """Migrate the metadata DB and provision the roles and demo users, before any
+    Airflow component starts (output to `log`: it would otherwise show on the terminal)."""
+    import subprocess
+
+    log.parent.mkdir(parents=True, exist_ok=True)
+    steps = [
+        [binary, "db", "migrate"],
+        [sys.executable, "-m", "spark_jobs.platform.identity", str(users_file)],
+    ]
+    with log.open("a", encoding="utf-8") as out:
+        for argv in steps:
+            proc = subprocess.run(argv, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=env["AIRFLOW_HOME"])
+            if proc.returncode != 0:
+                raise RuntimeError(f"{' '.join(argv[:4])} failed (exit {proc.returncode}); see {log}")
 
 
 def unpause_platform_dags(
     url: str,
+    user: str,
     password: str,
     dags_folder: Path,
     marker: Path,
@@ -303,7 +374,7 @@ def unpause_platform_dags(
     """
     if marker.exists():
         return
-    token = _api_token(url, "admin", password)
+    token = _api_token(url, user, password)
     expected = {f.name for f in dags_folder.glob("*.py") if not f.name.startswith("_")}
     seen_files: set[str] = set()
     unpaused: list[str] = []
@@ -371,7 +442,7 @@ def plan(
             raise ValueError(
                 "airflow is not installed (pip install 'rule-platform[airflow]'), or use --no-airflow"
             )
-        specs.append(airflow_spec(args, bootstrap, paths, airflow_bin, airflow_on_ready))
+        specs.extend(airflow_specs(args, bootstrap, paths, airflow_bin, airflow_on_ready))
     return specs
 
 
@@ -394,15 +465,24 @@ def run(args: argparse.Namespace) -> int:
     if not paths.kafka_dir.exists() and paths.detect_dir.exists():
         shutil.move(str(paths.detect_dir), str(paths.workdir / f"detect.orphaned.{int(time.time())}"))
     paths.detect_dir.mkdir(parents=True, exist_ok=True)
+    from spark_jobs.kafka import signing
+
+    signing.ensure_key_file(paths.signing_key_file)
+    os.environ[signing.KEY_FILE_ENV] = str(paths.signing_key_file)  # this process publishes at start
     sup = Supervisor(on_change=lambda s: _write_state(s, paths, bootstrap, args))
     try:
-        password = airflow_password(paths, args.airflow_password) if not args.no_airflow else None
+        users = demo_users(paths) if not args.no_airflow else None
+        if users is not None:
+            write_connections(paths, args, users)
         on_ready = None
-        if password is not None:
+        if users is not None:
             url = airflow_url(args)
             marker = paths.airflow_home / ".platform_dags_unpaused"
             dags_folder = PROJECT_ROOT / "dags"
-            on_ready = lambda: unpause_platform_dags(url, password, dags_folder, marker, sup.say)  # noqa: E731
+            op_password = user_password(users, "operator")
+            on_ready = lambda: unpause_platform_dags(  # noqa: E731
+                url, "operator", op_password, dags_folder, marker, sup.say
+            )
         specs = plan(args, bootstrap, paths, airflow_binary(), on_ready)
     except ValueError as exc:
         print(f"rulectl up: {exc}", file=sys.stderr)
@@ -421,16 +501,20 @@ def run(args: argparse.Namespace) -> int:
         )
         sup.say(f"starting broker on {bootstrap} ...")
         sup.start(BrokerComponent(broker))
-        n_rules = _publish(args.rules, bootstrap, sup)
+        n_rules = _publish(args.rules, bootstrap, sup, paths)
         if n_rules is None:
             return 1
+        airflow_bin = airflow_binary()
+        if users is not None and airflow_bin is not None and not stop.is_set():
+            sup.say("preparing Airflow: metadata DB, roles, demo users ...")
+            prepare_airflow(airflow_env(args, bootstrap, paths), airflow_bin, paths.users_file, paths.logs / "airflow-init.log")
         for spec in specs:
             if stop.is_set():
                 break
             child = sup.start_child(spec)
             sup.say(f"started {spec.name} (pid {child.pid}, log {spec.log_path})")
         if not stop.is_set():
-            _banner(sup, args, bootstrap, paths, n_rules, password, DEFAULT_TOPICS)
+            _banner(sup, args, bootstrap, paths, n_rules, users, DEFAULT_TOPICS)
         return sup.run(stop)
     except Exception as exc:  # noqa: BLE001 - report, then stop what was started
         print(f"rulectl up: {exc}", file=sys.stderr)
@@ -461,8 +545,9 @@ def _preflight(args: argparse.Namespace, host: str) -> list[str]:
     return problems
 
 
-def _publish(rules_dir: str, bootstrap: str, sup: Supervisor) -> int | None:
-    """Validate and publish the rules (all or nothing, like `rulectl publish`)."""
+def _publish(rules_dir: str, bootstrap: str, sup: Supervisor, paths: Paths | None = None) -> int | None:
+    """Validate and publish the rules (all or nothing, like `rulectl publish`), and
+    record the publication in the release audit log (`record_bootstrap`)."""
     from spark_jobs.kafka.publisher import publish_rules
     from spark_jobs.rules.loader import load_rules
 
@@ -474,11 +559,51 @@ def _publish(rules_dir: str, bootstrap: str, sup: Supervisor) -> int | None:
             f"rulectl up: {len(loaded.errors)} invalid rule(s) in {rules_dir}: nothing published, stopping"
         )
         return None
-    result = publish_rules([lr.rule for lr in loaded.rules], bootstrap, published_by="rulectl up")
+    commit = _head_commit(Path(rules_dir))
+    result = publish_rules([lr.rule for lr in loaded.rules], bootstrap, published_by="rulectl up", commit=commit)
     sup.say(
         f"published {len(result.published)} rule(s) to {result.topic} ({len(result.unchanged)} unchanged)"
     )
+    if paths is not None and commit:
+        record_bootstrap(paths, commit, {lr.rule.rule_id: lr.rule.version for lr in loaded.rules}, Path(rules_dir))
     return len(loaded.rules)
+
+
+def _head_commit(path: Path) -> str | None:
+    """The commit the published rules come from (HEAD of their repository), if any."""
+    import subprocess
+
+    proc = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True)
+    return proc.stdout.strip() if proc.returncode == 0 and proc.stdout.strip() else None
+
+
+def record_bootstrap(paths: Paths, commit: str, versions: dict[str, str], rules_dir: Path) -> dict | None:
+    """Tell the release DAG what `rulectl up` published at start.
+
+    Without it the first release compares against nothing ("Last published commit: none
+    recorded") although the rules are live. A `published` record in the audit folder
+    the DAG uses (`<workdir>/airflow/rule_lifecycle/audit`) names the commit as the
+    base of the next release; `bootstrap: true` says no person approved it. Written once
+    per workdir (a later start keeps the history the releases wrote)."""
+    import subprocess
+
+    from spark_jobs.lifecycle import audit
+    from spark_jobs.lifecycle.settings import LifecycleSettings
+
+    audit_dir = Path(paths.airflow_home) / "rule_lifecycle" / "audit"
+    if audit.last_published_commit(audit_dir) is not None:
+        return None
+    top = subprocess.run(["git", "-C", str(rules_dir), "rev-parse", "--show-toplevel"], capture_output=True, text=True)
+    repo = top.stdout.strip() or LifecycleSettings().repo
+    dirty = subprocess.run(
+        ["git", "-C", str(rules_dir), "status", "--porcelain", "--", "."], capture_output=True, text=True
+    ).stdout.strip()
+    return audit.append_record(audit_dir, {
+        "event": "published", "bootstrap": True, "commit": commit, "repo": repo, "branch": LifecycleSettings().branch,
+        "dag_id": None, "run_id": None, "approved_by": None, "decided_by": {"id": None, "name": "rulectl up (start)"},
+        "reason": "rules published at platform start" + (" (from a working tree with changes)" if dirty else ""),
+        "rules": [{"rule_id": rid, "version": v, "previous_version": None, "produced": True} for rid, v in sorted(versions.items())],
+    })
 
 
 def _banner(
@@ -487,7 +612,7 @@ def _banner(
     bootstrap: str,
     paths: Paths,
     n_rules: int,
-    password: str | None,
+    users: list[dict] | None,
     topics: tuple[str, ...],
 ) -> None:
     procs = sup.describe()
@@ -507,9 +632,19 @@ def _banner(
         lines.append(
             f"  demo       {args.demo_rate:g} events/s + a seed pattern every 10 s; log {paths.logs / 'demo.log'}"
         )
-    if "airflow" in procs:
-        lines.append(f"  Airflow    {airflow_url(args)}  login: admin / {password}  (starting, ~1 min)")
-        lines.append(f"             home {paths.airflow_home}, log {paths.logs / 'airflow.log'}")
+    if "airflow-api-server" in procs and users:
+        from spark_jobs.lifecycle.settings import LifecycleSettings, env_settings
+
+        tracked = LifecycleSettings.from_dict(env_settings())
+        poll = os.environ.get("RULE_RELEASE_POLL_MINUTES", "5")
+        lines.append(f"  Airflow    {airflow_url(args)}  (starting, ~1 min); home {paths.airflow_home}, logs {paths.logs}/airflow-*.log")
+        who = ", ".join(f"{u['username']} ({u['roles'][0]})" for u in users if u["username"] in DEMO_USERS)
+        lines.append(f"             users: {who}")
+        lines.append(f"             passwords in {paths.users_file} (readable by you only)")
+        lines.append(
+            f"  releases   rule_release tracks {tracked.repo} branch {tracked.branch} ({tracked.rules_dir}/), "
+            f"polling every {poll} min; the Airflow Variable rule_lifecycle (\"repo\", \"branch\") changes it"
+        )
     lines += [
         f"  state      {paths.state_file} (pids, logs; SIGTERM the detect pid to restart the job)",
         "watch detections:    rulectl tail events.processed" + _bootstrap_flag(bootstrap),

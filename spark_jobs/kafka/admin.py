@@ -93,6 +93,7 @@ def create_topics(
     bootstrap: str,
     topics: Mapping[str, TopicSpec] | Iterable[str],
     timeout: float = 15.0,
+    extra: Mapping[str, str] | None = None,
 ) -> list[str]:
     """Create the topics that do not exist yet; returns the names actually created.
 
@@ -102,7 +103,7 @@ def create_topics(
     topic stops the platform.
     """
     specs = dict(topics) if isinstance(topics, Mapping) else {t: TopicSpec() for t in topics}
-    admin = admin_client(bootstrap)
+    admin = admin_client(bootstrap, extra)
     existing = set(admin.list_topics(timeout=timeout).topics)
     created: list[str] = []
     for name, spec in specs.items():

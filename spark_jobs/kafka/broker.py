@@ -26,6 +26,7 @@ from types import TracebackType
 from confluent_kafka.admin import AdminClient
 
 from spark_jobs.kafka.admin import TopicSpec, create_topics
+from spark_jobs.kafka.security import BrokerSecurity
 
 DEFAULT_TOPICS: tuple[str, ...] = (
     "events.raw",
@@ -152,6 +153,7 @@ class EmbeddedBroker:
         data_dir: str | Path | None = None,
         controller_port: int | None = None,
         extra_config: Mapping[str, str] | None = None,
+        security: BrokerSecurity | None = None,
     ) -> None:
         self.host = host
         self.port = int(port)
@@ -163,6 +165,8 @@ class EmbeddedBroker:
         self._log_path = Path(log_path) if log_path else self.data_dir / "broker.log"
         self.controller_port = controller_port
         self.extra_config = dict(extra_config or {})
+        # SASL/SCRAM users and ACLs (spark_jobs/kafka/security.py); None: plaintext, open.
+        self.security = security
         self._log_file: object | None = None
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -219,6 +223,8 @@ class EmbeddedBroker:
             "auto.create.topics.enable": "false",
             "log.cleaner.backoff.ms": "1000",
         }
+        if self.security is not None:
+            props.update(self.security.server_properties(self.host, self.port, cport))
         props.update(self.extra_config)
         return props
 
@@ -243,8 +249,9 @@ class EmbeddedBroker:
         """Format the log folder once; an already formatted one is kept (its data too)."""
         if (self.data_dir / "log" / "meta.properties").is_file():
             return
+        scram = self.security.format_args() if self.security is not None else []
         cmd = self._java("kafka.tools.StorageTool", "format", "--standalone", "-t", new_cluster_id(),
-                         "-c", str(config), heap="128m")
+                         "-c", str(config), *scram, heap="128m")
         done = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
         if done.returncode != 0:
             raise BrokerError(f"formatting {self.data_dir / 'log'} failed: {(done.stdout + done.stderr)[-2000:]}")
@@ -262,8 +269,11 @@ class EmbeddedBroker:
         self._proc = self._spawn(config)
         try:
             self._wait_ready()
+            admin_conf = self.security.client_config(self.security.admin) if self.security is not None else None
             if self.topics:
-                create_topics(self.bootstrap, topic_specs(self.topics, self.partitions))
+                create_topics(self.bootstrap, topic_specs(self.topics, self.partitions), extra=admin_conf)
+            if self.security is not None:
+                self.security.apply_acls(self.bootstrap)
         except BaseException:
             self.stop()
             raise
@@ -279,7 +289,8 @@ class EmbeddedBroker:
 
     def _wait_ready(self) -> None:
         """Poll metadata until the broker answers; fail fast if the process died."""
-        admin = AdminClient({"bootstrap.servers": self.bootstrap, "logger": _BOOT_LOGGER})
+        conf = self.security.client_config(self.security.admin) if self.security is not None else {}
+        admin = AdminClient({"bootstrap.servers": self.bootstrap, "logger": _BOOT_LOGGER, **conf})
         deadline = time.monotonic() + self.startup_timeout
         while True:
             assert self._proc is not None

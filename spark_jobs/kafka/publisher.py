@@ -172,12 +172,19 @@ def _send(
             "message.timeout.ms": int(timeout * 1000),
         }
     )
+    from spark_jobs.kafka import signing
+
+    signing_key = signing.key_from_env()
     for rule, data in items:
         rule_headers = [*headers, ("rule_version", rule.version.encode())]
+        key, value = rule.rule_id.encode("utf-8"), canonical_json(data)
+        if signing_key is not None:
+            # The job accepts only signed records (spark_jobs/kafka/signing.py).
+            rule_headers.append((signing.HEADER, signing.sign(signing_key, key, value).encode()))
         producer.produce(
             topic,
-            key=rule.rule_id.encode("utf-8"),
-            value=canonical_json(data),
+            key=key,
+            value=value,
             headers=rule_headers,
             on_delivery=on_delivery,
         )

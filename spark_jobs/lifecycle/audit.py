@@ -4,10 +4,18 @@ One JSON object per line in `<audit_dir>/releases.jsonl`, appended (never rewrit
 by the release DAG at the end of every run that reached a decision:
 
 - `published`: approved and produced to `rules.active` (approver, time, comment,
-  commit, and every rule version of the release with whether it was actually produced);
+  commit, and every rule version of the release with whether it was actually produced,
+  the SHA-256 of the report the approver was shown, the e-mails of the release's
+  authors, none of whom could approve it);
 - `rejected`: the approver said no (who, when, why); nothing was produced;
 - `invalid`: validation failed (the errors); nothing was produced;
-- `no_change`: the commit holds exactly the live rules; nothing to do.
+- `no_change`: the commit holds exactly the live rules; nothing to do;
+- `detected`: a run took a commit to release (not a decision: the run is pending until
+  one of the above, or `superseded`, names its run);
+- `failed`: the run failed (an error, an approval that timed out); nothing was produced;
+- `superseded`: a newer commit of the branch started its own release while this run
+  waited; this run publishes nothing (its approval is ended, `superseded_by` says by
+  which run and commit).
 
 The newest `published` record is the base of the next release (`--base` of the
 validation), and every decided commit counts as processed so the poller does not start
@@ -26,6 +34,7 @@ from pathlib import Path
 
 AUDIT_FILE = "releases.jsonl"
 DECIDED_EVENTS = frozenset({"published", "rejected", "invalid", "no_change"})
+CLOSED_EVENTS = DECIDED_EVENTS | {"superseded", "failed"}
 
 
 def now_iso() -> str:
@@ -87,11 +96,42 @@ def processed_commits(audit_dir: Path | str) -> set[str]:
     return {r["commit"] for r in read_records(audit_dir) if r.get("event") in DECIDED_EVENTS and r.get("commit")}
 
 
+def pending_runs(audit_dir: Path | str, repo: str | None = None, branch: str | None = None) -> list[dict]:
+    """`detected` records of runs that have not reached a decision nor been superseded."""
+    records = read_records(audit_dir)
+    closed = {r.get("run_id") for r in records if r.get("event") in CLOSED_EVENTS}
+    out: dict[str, dict] = {}
+    for rec in records:
+        if rec.get("event") != "detected" or rec.get("run_id") in closed:
+            continue
+        if repo is not None and rec.get("repo") not in (None, repo):
+            continue
+        if branch is not None and rec.get("branch") not in (None, branch):
+            continue
+        out[rec["run_id"]] = rec
+    return list(out.values())
+
+
+def superseded_by(audit_dir: Path | str, run_id: str) -> dict | None:
+    """The `superseded` record of a run, if a newer release superseded it."""
+    for rec in read_records(audit_dir):
+        if rec.get("event") == "superseded" and rec.get("run_id") == run_id:
+            return rec
+    return None
+
+
 def rule_history(records: Iterable[dict], rule_id: str) -> list[dict]:
     """One row per audit record that names `rule_id`, oldest first."""
     rows = []
     for rec in records:
-        for r in rec.get("rules") or []:
+        named = list(rec.get("rules") or [])
+        if rec.get("event") == "invalid" and not named:
+            # A rejected-by-validation attempt names the rule in its errors only.
+            for e in rec.get("errors") or []:
+                if e.get("rule_id") == rule_id or (not e.get("rule_id") and rule_id in str(e.get("file") or "")):
+                    named.append({"rule_id": rule_id, "version": None, "file": e.get("file")})
+                    break
+        for r in named:
             if r.get("rule_id") != rule_id:
                 continue
             approver = rec.get("approved_by") or rec.get("decided_by") or {}
@@ -110,6 +150,8 @@ def rule_history(records: Iterable[dict], rule_id: str) -> list[dict]:
                     "dag_id": rec.get("dag_id"),
                     "run_id": rec.get("run_id"),
                     "report": rec.get("report"),
+                    "report_sha256": (rec.get("report_sha256") or {}).get("report.html"),
+                    "authors": rec.get("authors") or [],
                     "reason": rec.get("reason"),
                 }
             )

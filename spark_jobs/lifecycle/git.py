@@ -82,6 +82,35 @@ def commit_info(mirror: Path, commit: str) -> CommitInfo:
     return CommitInfo(full, short, subject, author, when)
 
 
+def release_authors(mirror: Path, base: str | None, commit: str, path: str) -> list[dict]:
+    """Author and committer of every commit in a release, newest first.
+
+    The release is `base..commit` (everything since the last published commit, whatever
+    it touched); without a base (the first release), every commit that touched `path`
+    up to `commit`; never fewer than the commit itself. The four-eyes rule (spark_jobs.lifecycle.governance) checks the
+    approver against all of them."""
+    fmt = "--format=%H%x1f%an%x1f%ae%x1f%cn%x1f%ce"
+    if base and _exists(mirror, base):
+        out = git(mirror, "log", fmt, f"{base}..{commit}")
+    else:
+        out = git(mirror, "log", fmt, commit, "--", path)
+    if not out.strip():  # e.g. an older commit released again: at least its own author
+        out = git(mirror, "log", "-1", fmt, commit)
+    rows = []
+    for line in out.splitlines():
+        if not line.strip():
+            continue
+        sha, name, email, cname, cemail = line.split("\x1f")
+        rows.append({"commit": sha, "author": name, "email": email, "committer": cname, "committer_email": cemail})
+    return rows
+
+
+def is_ancestor(mirror: Path, older: str, newer: str) -> bool:
+    """Whether `older` is an ancestor of `newer` (so `newer` contains it)."""
+    proc = subprocess.run(["git", "-C", str(mirror), "merge-base", "--is-ancestor", older, newer], capture_output=True)
+    return proc.returncode == 0
+
+
 def paths_changed(mirror: Path, base: str, commit: str, path: str) -> bool:
     """Whether anything under `path` differs between two commits."""
     proc = subprocess.run(

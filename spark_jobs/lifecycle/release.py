@@ -46,6 +46,29 @@ def safe_name(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.=-]", "_", text)
 
 
+SCHEDULED_REPORT_DAG = "backtest_report"
+
+
+def report_key(
+    dag_id: str,
+    run_id: str,
+    logical_date: datetime | None = None,
+    data_interval_end: datetime | None = None,
+    run_after: datetime | None = None,
+) -> str:
+    """The name of a run's report folder under `<report_dir>/<dag_id>/`.
+
+    A release keeps one folder per run; the daily report one per day (the trend reads
+    the dated folders). The task that writes a report and the api-server that serves
+    it both call this with the DagRun's own columns, so the server derives the folder
+    itself instead of trusting a path from XCom."""
+    if dag_id == SCHEDULED_REPORT_DAG:
+        when = logical_date or data_interval_end or run_after
+        if when is not None:
+            return when.strftime("%Y-%m-%d")
+    return run_id
+
+
 def report_url(dag_id: str, run_id: str, base_url: str = "") -> str:
     """Where the plugin serves a run's report inside the Airflow api-server."""
     from urllib.parse import quote
@@ -77,12 +100,17 @@ def detect_candidate(settings: LifecycleSettings, commit: str | None = None) -> 
         if sha in audit.processed_commits(settings.audit_dir):
             log.info("Head %s of %s was already released or decided; nothing new.", sha[:12], settings.branch)
             return None
+        if any(p.get("commit") == sha for p in audit.pending_runs(settings.audit_dir, settings.repo, settings.branch)):
+            log.info("Head %s of %s is being released by another run; nothing new.", sha[:12], settings.branch)
+            return None
         if base and g._exists(mirror, base) and not g.paths_changed(mirror, base, sha, settings.rules_dir):
             log.info("No change under %s/ between %s and %s.", settings.rules_dir, base[:12], sha[:12])
             return None
     info = g.commit_info(mirror, sha)
     return {
         **info.to_dict(),
+        # Who wrote the release: the four-eyes rule keeps them from deciding it.
+        "authors": g.release_authors(mirror, base if base != sha else None, sha, settings.rules_dir),
         "base_commit": base,
         "repo": settings.repo,
         "branch": settings.branch,
@@ -93,6 +121,80 @@ def detect_candidate(settings: LifecycleSettings, commit: str | None = None) -> 
 
 def settings_of(candidate: Mapping) -> LifecycleSettings:
     return LifecycleSettings.from_dict(candidate["settings"])
+
+
+# --------------------------------------------------------------------------- supersede
+
+
+def claim_release(candidate: Mapping, *, dag_id: str, run_id: str) -> list[dict]:
+    """Record that this run releases its commit, and supersede the pending releases it
+    contains.
+
+    A pending run (detected, not decided) of the same repository and branch whose commit
+    is an ancestor of this one is superseded: this release carries its changes too, so
+    approving the older one would publish a state the branch has moved past, and waiting
+    for it would block a hotfix. The `superseded` record is what keeps the older run
+    from publishing (`check_not_superseded`); ending its approval in Airflow is the
+    DAG's job. Returns the superseded `detected` records."""
+    settings = settings_of(candidate)
+    mirror = settings.mirror_dir
+    older = []
+    for p in audit.pending_runs(settings.audit_dir, settings.repo, settings.branch):
+        if p.get("run_id") == run_id or p.get("commit") == candidate["commit"]:
+            continue
+        g.ensure_commit(settings.repo, mirror, p["commit"])
+        if g.is_ancestor(mirror, p["commit"], candidate["commit"]):
+            older.append(p)
+    for p in older:
+        audit.append_record(
+            settings.audit_dir,
+            {
+                "event": "superseded",
+                "commit": p["commit"],
+                "repo": p.get("repo"),
+                "branch": p.get("branch"),
+                "dag_id": p.get("dag_id"),
+                "run_id": p["run_id"],
+                "superseded_by": {"commit": candidate["commit"], "run_id": run_id, "dag_id": dag_id},
+                "reason": f"superseded by {candidate['short']} ({run_id})",
+                "rules": [],
+            },
+        )
+    audit.append_record(
+        settings.audit_dir,
+        {"event": "detected", "commit": candidate["commit"], "repo": candidate.get("repo"),
+         "branch": candidate.get("branch"), "dag_id": dag_id, "run_id": run_id, "rules": []},
+    )
+    return older
+
+
+def record_failure(context: Mapping) -> None:
+    """DAG failure callback: close the run in the audit log (event `failed`), so a run
+    that crashed or timed out waiting no longer counts as pending and its commit can be
+    released again. Never raises: a callback must not mask the failure it reports."""
+    from spark_jobs.lifecycle.settings import resolve_settings
+
+    try:
+        run = context.get("dag_run")
+        run_id = getattr(run, "run_id", None) or context.get("run_id")
+        dag_id = getattr(run, "dag_id", None) or getattr(context.get("dag"), "dag_id", None)
+        if not run_id:
+            return
+        settings = resolve_settings()
+        if any(r.get("run_id") == run_id and r.get("event") in audit.CLOSED_EVENTS for r in audit.read_records(settings.audit_dir)):
+            return  # already closed (invalid, superseded, ...): that record says more
+        audit.append_record(
+            settings.audit_dir,
+            {"event": "failed", "dag_id": dag_id, "run_id": run_id, "reason": str(context.get("reason") or "run failed"),
+             "rules": []},
+        )
+    except Exception:  # noqa: BLE001
+        log.exception("could not record the failed run in the audit log")
+
+
+def superseded(candidate: Mapping, run_id: str) -> dict | None:
+    """The record that superseded this run, if any (then it must not publish)."""
+    return audit.superseded_by(settings_of(candidate).audit_dir, run_id)
 
 
 # --------------------------------------------------------------------------- validate
@@ -292,13 +394,16 @@ def build_release_report(
     )
     paths = write_report(report, plan["report_dir"])
     url = report_url(dag_id, run_id, base_url)
+    checksums = report_checksums(plan["report_dir"])
+    report["authors"] = list(candidate.get("authors") or [])
     return {
         **paths,
         "dir": plan["report_dir"],
         "url": url,
+        "sha256": checksums,
         "quality_ok": bool(quality.get("success")),
         "subject": f"Publish {len(changed)} rule change(s) from {candidate['short']} to {settings.rules_topic}?",
-        "approval_body": approval_body(report, url, settings.rules_topic),
+        "approval_body": approval_body(report, url, settings.rules_topic, checksums),
         "summary": [
             {k: r.get(k) for k in ("rule_id", "status", "published_version", "candidate_version", "added", "removed")}
             for r in report["rules"]
@@ -306,19 +411,84 @@ def build_release_report(
     }
 
 
-def approval_body(report: dict, url: str, topic: str) -> str:
-    """Markdown for the approval page: what changes, what it would have caught, the diff."""
+_MD_PUNCTUATION = re.compile(r"""([!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~])""")
+
+
+def md_text(value: object) -> str:
+    """`value` as literal text inside Markdown: every ASCII punctuation character is
+    backslash-escaped (CommonMark allows it for all of them) and line breaks become
+    spaces, so a commit subject or author cannot add links, emphasis, HTML, table cells
+    or lines to what the approver reads."""
+    text = " ".join(str(value if value is not None else "").split())
+    return _MD_PUNCTUATION.sub(r"\\\1", text)
+
+
+def md_code(value: object) -> str:
+    """`value` as an inline code span it cannot close (backslashes are literal there)."""
+    text = " ".join(str(value if value is not None else "").split())
+    longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
+    fence = "`" * (longest + 1)
+    return f"{fence} {text} {fence}" if longest else f"`{text}`"
+
+
+def md_cell(value: object) -> str:
+    """`value` as a code span inside a GFM table cell (where `\\|` is a literal pipe)."""
+    return md_code(value).replace("|", "\\|")
+
+
+def md_fence(body: str, info: str = "") -> list[str]:
+    """A fenced code block that `body` cannot close: the fence is longer than any
+    run of backticks inside it."""
+    longest = max((len(m) for m in re.findall(r"`+", body)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return [fence + info, body, fence]
+
+
+def report_checksums(report_dir: str | Path) -> dict[str, str]:
+    """SHA-256 of report.html and report.json: what the approver saw, for the audit."""
+    import hashlib
+
+    out = {}
+    for name in ("report.html", "report.json"):
+        f = Path(report_dir) / name
+        if f.is_file():
+            out[name] = hashlib.sha256(f.read_bytes()).hexdigest()
+    return out
+
+
+def approval_body(report: dict, url: str, topic: str, checksums: Mapping[str, str] | None = None) -> str:
+    """Markdown for the approval page: what changes, what it would have caught, the diff.
+
+    Everything that comes from git or a rule file (subject, author, rule ids,
+    versions, the diff) is a code span (`md_code`, `md_cell`) or fenced (`md_fence`):
+    a commit message must not be able to forge what the approver reads. Code, not
+    backslash-escaped text, because the UI's renderer (GitHub-flavoured Markdown)
+    turns bare URLs and e-mail addresses into links even when escaped."""
     ctx = report["context"]
+    base = ctx.get("base_commit")
     lines = [
-        f"**Commit** `{ctx['commit'][:12]}` by {ctx.get('author')}: *{ctx.get('commit_subject')}*  ",
-        f"Last published commit: `{str(ctx.get('base_commit'))[:15]}` · approving publishes to `{topic}`.",
+        f"**Commit** {md_code(str(ctx['commit'])[:12])} by {md_code(ctx.get('author'))}: "
+        f"{md_code(ctx.get('commit_subject'))}  ",
+        f"Last published commit: {md_code(str(base)[:15])} · approving publishes to {md_code(topic)}.",
         "",
         f"**[Open the backtest report]({url})** (plots, alerts added/removed, data quality, Data Docs)",
         "",
     ]
+    authors = sorted(
+        {f"{a.get('author')} <{a.get('email')}>" for a in report.get("authors") or []}
+        | {f"{a.get('committer')} <{a.get('committer_email')}>" for a in report.get("authors") or [] if a.get("committer_email")}
+    )
+    if authors:
+        lines += [
+            f"**Four eyes:** only a Rule approver who wrote none of this release's commits may decide it; "
+            f"not eligible: {', '.join(md_code(a) for a in authors)}.",
+            "",
+        ]
+    if checksums and checksums.get("report.html"):
+        lines += [f"Report checksum (SHA-256 of report.html): {md_code(checksums['report.html'])}", ""]
     for m in report.get("marks", []):
         icon = {"error": "⛔", "warning": "⚠️"}.get(m["level"], "ℹ️")
-        lines.append(f"{icon} {m['text']}  ")
+        lines.append(f"{icon} {md_text(m['text'])}  ")
     lines += [
         "",
         "| rule | published | candidate | alerts (published → candidate) | added | removed |",
@@ -326,13 +496,14 @@ def approval_body(report: dict, url: str, topic: str) -> str:
     ]
     for r in report["rules"]:
         p, c = r.get("published") or {}, r.get("candidate") or {}
-        lines.append(
-            f"| {r['rule_id']} | {r.get('published_version') or '–'} | {r.get('candidate_version') or '–'} | "
-            f"{p.get('detections', '–')} → {c.get('detections', '–')} | {r.get('added', 0)} | {r.get('removed', 0)} |"
-        )
+        cells = [
+            r["rule_id"], r.get("published_version") or "–", r.get("candidate_version") or "–",
+            f"{p.get('detections', '–')} → {c.get('detections', '–')}", r.get("added", 0), r.get("removed", 0),
+        ]
+        lines.append("| " + " | ".join(md_cell(x) for x in cells) + " |")
     lines.append("")
     for r in report["rules"]:
-        lines += [f"**Rule diff: {r['rule_id']}**", "```diff", (r.get("diff") or "").rstrip(), "```", ""]
+        lines += [f"**Rule diff:** {md_code(r['rule_id'])}", *md_fence((r.get("diff") or "").rstrip(), "diff"), ""]
     return "\n".join(lines)
 
 
@@ -370,6 +541,7 @@ def record_decision(
     approval: Mapping | None = None,
     published: Mapping | None = None,
     report: str | None = None,
+    report_sha256: Mapping[str, str] | None = None,
     reason: str | None = None,
     errors: list[dict] | None = None,
 ) -> dict:
@@ -405,6 +577,8 @@ def record_decision(
         "decided_at": approval.get("at"),
         "comment": approval.get("comment"),
         "report": report,
+        "report_sha256": report_sha256,
+        "authors": sorted({a.get("email") for a in candidate.get("authors") or [] if a.get("email")}),
         "reason": reason,
         "errors": errors,
         "unchanged": sorted((published or {}).get("unchanged") or []),

@@ -52,6 +52,9 @@ class LifecycleSettings:
     audit_dir: str = ""
     # Event history the backtests read: topic -> JSON Lines file or Parquet dir.
     history_inputs: dict[str, str] = field(default_factory=_default_inputs)
+    # The folder a trigger's `history_inputs` (relative paths) are read from: a run can
+    # choose files under it and nowhere else (spark_jobs/lifecycle/params.py).
+    history_root: str = str(PROJECT_ROOT / "tests" / "data" / "demo")
     history_lookback_hours: float = 24.0
     # "latest": the window ends at the newest event of the history (recordings);
     # "interval": it ends at the run's data interval end (live daily exports).
@@ -78,12 +81,20 @@ class LifecycleSettings:
     )
     # Rows per rule in the added/removed tables of a report.
     report_max_rows: int = 200
+    # Telling approvers a release waits (plugins/rule_lifecycle/notifiers.py): "file"
+    # (a 0600 JSON Lines file under state_dir, and the task log) or "smtp" (mail to
+    # approvers_email through the Airflow connection smtp_conn_id).
+    approval_notify: str = "file"
+    approvers_email: str = ""
+    smtp_conn_id: str = "smtp_default"
 
     def __post_init__(self) -> None:
         if not self.report_dir:
             self.report_dir = str(Path(self.state_dir) / "reports")
         if not self.audit_dir:
             self.audit_dir = str(Path(self.state_dir) / "audit")
+        if self.approval_notify not in ("file", "smtp"):
+            raise ValueError(f"approval_notify must be 'file' or 'smtp', not {self.approval_notify!r}")
         if self.history_window_end not in ("latest", "interval"):
             raise ValueError(f"history_window_end must be 'latest' or 'interval', not {self.history_window_end!r}")
 
@@ -112,5 +123,22 @@ def env_settings(environ: Mapping[str, str] | None = None) -> dict:
 
 
 def resolve_settings(overrides: Mapping | None = None, *, use_airflow: bool = True) -> LifecycleSettings:
-    """Defaults < env < Airflow Variable < overrides (run conf / params)."""
+    """Defaults < env < Airflow Variable < overrides.
+
+    `overrides` is trusted (code, tests); a DAG run's params go through
+    `run_settings`, which allow-lists them first."""
     return layered_settings.resolve(LifecycleSettings, VARIABLE_NAME, ENV_PREFIX, overrides, use_airflow)
+
+
+def run_settings(params: Mapping, model: type | None = None, *, use_airflow: bool = True) -> LifecycleSettings:
+    """The settings of one DAG run from its params, after the allow-list
+    (`spark_jobs.lifecycle.params`): only documented keys, history inputs under the
+    configured `history_root`. Raises ParamsRejected."""
+    from spark_jobs.lifecycle import params as p
+
+    validated = p.validate_params(model or p.ReleaseParams, params)
+    extra = p.overrides(validated)
+    base = resolve_settings(use_airflow=use_airflow)
+    if "history_inputs" in extra:
+        extra["history_inputs"] = p.resolve_history_inputs(base.history_root, extra["history_inputs"])
+    return resolve_settings({**base.to_dict(), **extra}, use_airflow=False)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -68,8 +69,19 @@ def history_frame(records: list[dict], fields: TopicFields):  # -> pandas.DataFr
     return frame
 
 
+def _quiet_gx() -> None:
+    """Great Expectations logs every function, expectation and data source it registers
+    at INFO (about 200 lines, most while importing): they bury the result in a task log.
+    Warnings stay."""
+    import logging
+
+    for name in ("great_expectations", "great_expectations.core", "great_expectations.expectations"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
 def _context(data_docs_dir: Path | None):
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
+    _quiet_gx()  # before the import: GX logs its registrations while importing
     import great_expectations as gx
     from great_expectations.data_context.types.base import (
         DataContextConfig,
@@ -95,6 +107,35 @@ def _context(data_docs_dir: Path | None):
             },
         )
     return ctx
+
+
+_EXTERNAL = r"""(?:https?:)?//"""
+_EXTERNAL_TAGS = (
+    # <script src="https://..."></script>, <link href="https://...">, <img src="https://...">
+    re.compile(r"""<script\b[^>]*\bsrc\s*=\s*["']""" + _EXTERNAL + r"""[^>]*>\s*</script\s*>""", re.I),
+    re.compile(r"""<link\b[^>]*\bhref\s*=\s*["']""" + _EXTERNAL + r"""[^>]*>""", re.I),
+    re.compile(r"""<img\b[^>]*\bsrc\s*=\s*["']""" + _EXTERNAL + r"""[^>]*>""", re.I),
+)
+
+
+def offline_data_docs(site: Path) -> int:
+    """Strip every script, stylesheet and image Great Expectations' Data Docs load from
+    another site (jsDelivr, unpkg, cdnjs, S3).
+
+    GX's page templates hard-code CDN URLs and its custom-views folder can only add
+    templates, not replace them, so the built pages are rewritten instead. The pages
+    keep their content (server-rendered HTML tables) and work offline, and an approver
+    opening them leaks nothing to, and runs nothing from, a third party; the report
+    view's Content-Security-Policy refuses any that were missed. Returns how many tags
+    were removed."""
+    removed = 0
+    for page in site.rglob("*.html"):
+        text = page.read_text(encoding="utf-8")
+        for pattern in _EXTERNAL_TAGS:
+            text, n = pattern.subn("", text)
+            removed += n
+        page.write_text(text, encoding="utf-8")
+    return removed
 
 
 def _expectation(spec: ExpectationSpec):
@@ -177,6 +218,7 @@ def run_quality(
         }
     if docs is not None:
         ctx.build_data_docs(site_names=[DATA_DOCS_SITE])
+        offline_data_docs(docs)
     success = all(t["success"] for t in topics.values())
     return {
         "success": success,

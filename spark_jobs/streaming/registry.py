@@ -8,7 +8,9 @@ rules DataFrame re-reads that file at every micro-batch, so each batch sees one
 consistent rule set and a published change applies from the next batch, no restart.
 
 An invalid message never replaces a good rule: it is reported (dead-letter topic and
-the job log) and the job keeps the rules it had.
+the job log) and the job keeps the rules it had. With a signing key (RULES_SIGNING_KEY_FILE,
+spark_jobs/kafka/signing.py) a record that is not signed by the release path is such a
+message too: reported and ignored, whatever the broker let through.
 """
 
 from __future__ import annotations
@@ -154,6 +156,7 @@ class RuleRegistry:
         topic: str = "rules.active",
         on_problem: Callable[[RuleProblem], None] | None = None,
         poll_interval_s: float = 0.2,
+        signing_key: bytes | None = None,
     ) -> None:
         self.bootstrap = bootstrap
         self.topic = topic
@@ -169,6 +172,10 @@ class RuleRegistry:
         self._thread: threading.Thread | None = None
         self._consumer: Consumer | None = None
         self._probe: Consumer | None = None
+        # Explicit key, else the environment's (the job is started with it); None: no check.
+        from spark_jobs.kafka import signing
+
+        self.signing_key = signing_key if signing_key is not None else signing.key_from_env()
         self.problems: list[RuleProblem] = []
         self.problem_count = 0
         state_dir.mkdir(parents=True, exist_ok=True)
@@ -206,10 +213,12 @@ class RuleRegistry:
                 continue
             key = msg.key().decode("utf-8", errors="replace") if msg.key() is not None else None
             try:
-                with self._lock:
-                    before = self._snapshot_text()
-                    problem = apply_record(self._rules, key, msg.value(), msg.offset(), self._seen)
-                    changed |= before != self._snapshot_text()
+                problem = self._unsigned(msg, key)
+                if problem is None:
+                    with self._lock:
+                        before = self._snapshot_text()
+                        problem = apply_record(self._rules, key, msg.value(), msg.offset(), self._seen)
+                        changed |= before != self._snapshot_text()
             except Exception as exc:  # noqa: BLE001 - whatever it is, the record is skipped
                 problem = _problem(msg.offset(), key, "", f"invalid rule: cannot apply it ({exc!r:.300})")
             # The offset moves on whatever happened to the record.
@@ -227,6 +236,18 @@ class RuleRegistry:
         if changed or not self.rules_file.exists():
             self._write()
         return changed
+
+    def _unsigned(self, msg: object, key: str | None) -> RuleProblem | None:
+        """A problem for a record the release path did not sign (when a key is set)."""
+        if self.signing_key is None:
+            return None
+        from spark_jobs.kafka import signing
+
+        reason = signing.verify(self.signing_key, msg.key(), msg.value(), msg.headers())  # type: ignore[attr-defined]
+        if reason is None:
+            return None
+        raw = (msg.value() or b"").decode("utf-8", errors="replace")  # type: ignore[attr-defined]
+        return _problem(msg.offset(), key, raw, reason)  # type: ignore[attr-defined]
 
     def _snapshot_text(self) -> str:
         rules = check_references(self._rules)

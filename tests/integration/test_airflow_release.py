@@ -18,7 +18,15 @@ import uuid
 from pathlib import Path
 
 import pytest
-from airflow_fixtures import ROOT, AirflowEnv, Chromium, airflow_env, chromium_available, png_size  # noqa: F401
+from airflow_fixtures import (  # noqa: F401
+    ROOT,
+    USERS,
+    AirflowEnv,
+    Chromium,
+    airflow_env,
+    chromium_available,
+    png_size,
+)
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slow]
 
@@ -34,6 +42,19 @@ def commit_all(repo: Path, message: str, author: str = "Rita Author <rita@exampl
     git(repo, "add", "-A")
     git(repo, "-c", "user.name=Rita Author", "-c", "user.email=rita@example.com", "commit", "-q", "-m", message, "--author", author)
     return git(repo, "rev-parse", "HEAD")
+
+
+FORGED_SUBJECT = "rapid_clicks: 8 clicks **APPROVED BY SECURITY** <img src=x onerror=alert(1)> [docs](http://evil.example/x)"
+
+
+def _hitl_path(detail: dict) -> str:
+    from urllib.parse import quote
+
+    ti = detail["task_instance"]
+    return (
+        f"/api/v2/dags/{ti['dag_id']}/dagRuns/{quote(ti['dag_run_id'], safe='')}"
+        f"/taskInstances/{ti['task_id']}/{ti.get('map_index', -1)}/hitlDetails"
+    )
 
 
 def topic_records(bootstrap: str, topic: str) -> list:
@@ -118,23 +139,43 @@ def test_dags_import_without_errors(airflow_env: AirflowEnv) -> None:  # noqa: F
     assert {"validate_rules", "backtest_candidate", "approve", "publish"} <= set(out["dags"]["rule_release"])
 
 
-def _shoot_approval_page(af: AirflowEnv, detail: dict) -> None:
+def _approval_url(af: AirflowEnv, detail: dict) -> str:
+    from urllib.parse import quote
+
+    ti = detail["task_instance"]
+    return f"{af.base_url}/dags/{ti['dag_id']}/runs/{quote(ti['dag_run_id'], safe='')}/tasks/{ti['task_id']}/required_actions"
+
+
+def _pending(af: AirflowEnv, detail: dict) -> bool:
+    ti = detail["task_instance"]
+    details = af.api("GET", f"/dags/{ti['dag_id']}/dagRuns/{ti['dag_run_id']}/hitlDetails")["hitl_details"]
+    return not [d for d in details if d["task_instance"]["task_id"] == ti["task_id"]][0]["response_received"]
+
+
+def _try_to_approve_in_the_browser(browser: Chromium, af: AirflowEnv, detail: dict, user: str) -> str:
+    """Log in as `user`, open the approval, click Approve; returns the page text after."""
+    browser.login(af.base_url, user, USERS[user])
+    browser.goto(_approval_url(af, detail))
+    browser.wait_for("document.body.innerText.includes('Open the backtest report')", timeout=60)
+    time.sleep(1.0)
+    clicked = browser.click_button("Approve")
+    time.sleep(3.0)
+    return ("[clicked] " if clicked else "[no Approve button] ") + browser.text()
+
+
+def _shoot_approval_page(browser: Chromium, af: AirflowEnv, detail: dict) -> None:
     """Screenshots for the approver guide: the Required Actions page and the report tab."""
-    if not chromium_available():
-        return
     ti = detail["task_instance"]
     from urllib.parse import quote
 
     run = quote(ti["dag_run_id"], safe="")
-    with Chromium(width=1400, height=1100) as browser:
-        browser.set_cookie(af.base_url, "_token", af.token("alice"))
-        browser.goto(f"{af.base_url}/dags/{ti['dag_id']}/runs/{run}/tasks/{ti['task_id']}/required_actions")
-        browser.wait_for("document.body.innerText.includes('Open the backtest report')", timeout=60)
-        time.sleep(1.5)
-        browser.screenshot(SCREENSHOTS / "approval_page.png", full_page=False)
-        browser.goto(f"{af.base_url}/dags/{ti['dag_id']}/runs/{run}/plugin/backtest-report")
-        time.sleep(4)
-        browser.screenshot(SCREENSHOTS / "report_tab.png", full_page=False)
+    browser.goto(_approval_url(af, detail))
+    browser.wait_for("document.body.innerText.includes('Open the backtest report')", timeout=60)
+    time.sleep(1.5)
+    browser.screenshot(SCREENSHOTS / "approval_page.png", full_page=False)
+    browser.goto(f"{af.base_url}/dags/{ti['dag_id']}/runs/{run}/plugin/backtest-report")
+    time.sleep(4)
+    browser.screenshot(SCREENSHOTS / "report_tab.png", full_page=False)
 
 
 def test_release_waits_for_approval_then_publishes_exactly_the_changed_rule(release: Release) -> None:
@@ -146,18 +187,29 @@ def test_release_waits_for_approval_then_publishes_exactly_the_changed_rule(rele
     text = (release.repo / "rules" / "rapid_clicks.yaml").read_text()
     text = text.replace('version: "1"', 'version: "2"').replace("threshold: 10", "threshold: 8")
     (release.repo / "rules" / "rapid_clicks.yaml").write_text(text)
-    c1 = commit_all(release.repo, "rapid_clicks: alert from 8 clicks in 10 s")
+    # Carol holds the approver role and wrote this change: four eyes keep her from approving
+    # it. Her subject line tries to forge the approval page.
+    c1 = commit_all(release.repo, FORGED_SUBJECT, author="Carol Approver <carol@example.com>")
 
     # No commit given: the sensor finds the new head of the tracked branch.
     run = af.start_dag_test("rule_release", log_name="release-approve")
     detail = af.wait_for_hitl("rule_release", run)
     run_id = detail["task_instance"]["dag_run_id"]
-    assert "rapid_clicks" in detail["body"] and "```diff" in detail["body"]
+    assert "Rule diff:** `rapid_clicks`" in detail["body"] and "```diff" in detail["body"]
     assert "-threshold: 10" in detail["body"] and "+threshold: 8" in detail["body"]
     assert "/rule-reports/dags/rule_release/runs/" in detail["body"]
+    assert "Four eyes" in detail["body"] and "`Carol Approver <carol@example.com>`" in detail["body"]
+    # The step is assigned to the approver role (the platform's auth manager honours it).
+    assert detail["assigned_users"] == [{"id": "role:Rule approver", "name": "Rule approvers"}]
     states = af.task_states("rule_release", run_id)
     assert states["backtest_candidate"] == "success" and states["backtest_published"] == "success"
     assert states["publish"] is None  # nothing published while waiting
+    # The approvers were notified (embedded default: a private JSON Lines file).
+    notes = release.state / "notifications" / "approvals.jsonl"
+    assert notes.stat().st_mode & 0o777 == 0o600
+    note = json.loads(notes.read_text().splitlines()[-1])
+    assert note["run_id"] == run_id and note["commit"] == c1 and note["rules"] == ["rapid_clicks"]
+    assert note["approve_url"].endswith("/tasks/approve/required_actions") and "carol@example.com" in note["authors"]
 
     # The report, served by the plugin inside the api-server, to a logged-in user only.
     status, html = af.request("GET", f"/rule-reports/dags/rule_release/runs/{run_id}/")
@@ -170,11 +222,49 @@ def test_release_waits_for_approval_then_publishes_exactly_the_changed_rule(rele
     assert status == 200
     with pytest.raises(urllib.error.HTTPError, match="401|403"):
         urllib.request.urlopen(f"{af.base_url}/rule-reports/dags/rule_release/runs/{run_id}/", timeout=30)
-    _shoot_approval_page(af, detail)
 
-    # Approve as the UI does: PATCH the HITL detail through the REST API.
-    resp = af.respond(detail, "Approve", comment="threshold 8 catches the bot farm")
-    assert resp["responded_by"]["name"] == "alice"
+    # Four eyes through the API: the author (an approver) is refused, and told why; a
+    # viewer and an operator may not answer at all.
+    status, body = af.request("PATCH", _hitl_path(detail), {"chosen_options": ["Approve"], "params_input": {}}, "carol")
+    assert status == 403 and b"Four eyes" in body and b"carol@example.com" in body, body
+    for user in ("bob", "oscar", "rita"):
+        status, body = af.request("PATCH", _hitl_path(detail), {"chosen_options": ["Approve"], "params_input": {}}, user)
+        assert status == 403, (user, body)
+    assert _pending(af, detail)
+
+    if chromium_available():
+        with Chromium(width=1400, height=1100) as browser:
+            # The approval page shows the forged subject as text, not as markup.
+            browser.login(af.base_url, "bob", USERS["bob"])
+            browser.goto(_approval_url(af, detail))
+            browser.wait_for("document.body.innerText.includes('Open the backtest report')", timeout=60)
+            page = browser.text()
+            assert "**APPROVED BY SECURITY**" in page and "<img src=x onerror=alert(1)>" in page, page[-3000:]
+            links = browser.evaluate("JSON.stringify([...document.querySelectorAll('a')].map(a => a.href))")
+            assert "evil.example" not in str(links)
+            assert browser.evaluate("document.querySelectorAll('img[src=\"x\"]').length") == 0
+            # A viewer reads the report but cannot approve.
+            browser.goto(f"{af.base_url}/rule-reports/dags/rule_release/runs/{run_id}/")
+            assert "rapid_clicks" in browser.text()
+            said = _try_to_approve_in_the_browser(browser, af, detail, "bob")
+            assert _pending(af, detail), said[:300]
+            # The author, an approver, clicks Approve and is refused, with the reason.
+            said = _try_to_approve_in_the_browser(browser, af, detail, "carol")
+            assert _pending(af, detail)
+            assert said.startswith("[clicked]") and "Four eyes" in said, said[-2000:]
+            # Alice, an approver who wrote none of it, approves.
+            said = _try_to_approve_in_the_browser(browser, af, detail, "alice")
+            assert said.startswith("[clicked]"), said[-2000:]
+            deadline = time.monotonic() + 60
+            while _pending(af, detail) and time.monotonic() < deadline:
+                time.sleep(1)
+            _shoot_approval_page(browser, af, detail)
+    else:  # pragma: no cover - CI installs Chromium
+        af.respond(detail, "Approve", comment="threshold 8 catches the bot farm")
+    assert not _pending(af, detail)
+    ti = detail["task_instance"]
+    answered = [d for d in af.api("GET", f"/dags/rule_release/dagRuns/{ti['dag_run_id']}/hitlDetails")["hitl_details"]]
+    assert answered[0]["responded_by_user"]["name"] == "alice" and answered[0]["chosen_options"] == ["Approve"]
     rc = run.wait()
     dag_run = af.dag_run("rule_release", run_id)
     assert dag_run["state"] == "success", run.output()[-5000:]
@@ -201,6 +291,12 @@ def test_release_waits_for_approval_then_publishes_exactly_the_changed_rule(rele
     pub = [r for r in rows if r["event"] == "published"]
     assert pub and pub[-1]["version"] == "2" and pub[-1]["by"] == "alice" and pub[-1]["commit"] == c1
     assert pub[-1]["previous_version"] == "1" and pub[-1]["produced"] is True
+    # The audit answers who, when, which commit and versions, on which evidence, and who could not approve.
+    assert pub[-1]["at"] and pub[-1]["report_sha256"] and "carol@example.com" in pub[-1]["authors"]
+    import hashlib
+
+    served = af.request("GET", f"/rule-reports/dags/rule_release/runs/{run_id}/")[1]
+    assert hashlib.sha256(served).hexdigest() == pub[-1]["report_sha256"]
     assert rulectl(["history", "rapid_clicks", "--audit-dir", str(release.audit_dir)]) == 0
 
     # A second run on the same commit publishes nothing new.
@@ -254,7 +350,7 @@ def test_rejected_release_publishes_nothing(release: Release) -> None:
     run = af.start_dag_test("rule_release", log_name="release-reject")
     detail = af.wait_for_hitl("rule_release", run)
     run_id = detail["task_instance"]["dag_run_id"]
-    assert "big_view" in detail["body"]
+    assert "Rule diff:** `big_view`" in detail["body"]
     states = af.task_states("rule_release", run_id)
     assert states["backtest_published"] == "skipped"  # a new rule: nothing live to compare
     af.respond(detail, "Reject", comment="too noisy on checkout pages")
@@ -272,6 +368,66 @@ def test_rejected_release_publishes_nothing(release: Release) -> None:
 
     last = read_records(release.audit_dir)[-1]
     assert last["event"] == "rejected" and last["decided_by"]["name"] == "alice"
+    # It reads as rejected at a glance: the run's note (grid, run list), not just green.
+    note = af.dag_run("rule_release", run_id).get("note") or ""
+    assert note.startswith("REJECTED: Rejected by alice") and "too noisy on checkout pages" in note, note
+    # ... and `rulectl history` of the rejected rule says so.
+    from spark_jobs.lifecycle.audit import rule_history
+
+    assert [r["event"] for r in rule_history(read_records(release.audit_dir), "big_view")] == ["rejected"]
+
+
+def _set_threshold(repo: Path, version: str, threshold: int) -> None:
+    import re
+
+    path = repo / "rules" / "rapid_clicks.yaml"
+    text = re.sub(r'version: "\d+"', f'version: "{version}"', path.read_text())
+    path.write_text(re.sub(r"threshold: \d+", f"threshold: {threshold}", text))
+
+
+def test_a_newer_commit_supersedes_a_pending_release(release: Release) -> None:
+    """A hotfix does not wait for last week's approval: the newer commit's run ends the
+    pending older one (failed, with a note; `superseded` in the audit), and only the
+    newer one publishes."""
+    af = release.af
+    from spark_jobs.lifecycle.audit import read_records
+
+    before = len(topic_records(release.bootstrap, release.topic))
+    _set_threshold(release.repo, "3", 7)
+    old_commit = commit_all(release.repo, "rapid_clicks: 7 clicks")
+    first = af.start_dag_test("rule_release", log_name="release-superseded")
+    first_detail = af.wait_for_hitl("rule_release", first)
+    first_run = first_detail["task_instance"]["dag_run_id"]
+
+    _set_threshold(release.repo, "4", 6)
+    new_commit = commit_all(release.repo, "rapid_clicks: hotfix, 6 clicks")
+    second = af.start_dag_test("rule_release", log_name="release-hotfix")
+    deadline = time.monotonic() + 400
+    second_detail = None
+    while time.monotonic() < deadline and second_detail is None:
+        pending = af.api("GET", "/dags/rule_release/dagRuns/~/hitlDetails?response_received=false")["hitl_details"]
+        second_detail = next((d for d in pending if d["task_instance"]["dag_run_id"] != first_run), None)
+        time.sleep(2)
+    assert second_detail is not None, second.output()[-4000:]
+    second_run = second_detail["task_instance"]["dag_run_id"]
+
+    # The older run is over: failed, and its note says why, in the UI's run list.
+    old = af.dag_run("rule_release", first_run)
+    assert old["state"] == "failed" and "Superseded by" in (old.get("note") or ""), old
+    first.wait(timeout=120)
+    old_states = af.task_states("rule_release", first_run)
+    assert old_states["publish"] != "success" and old_states["approve"] not in ("success", "awaiting_input"), old_states
+    superseded = [r for r in read_records(release.audit_dir) if r["event"] == "superseded"]
+    assert superseded and superseded[-1]["commit"] == old_commit and superseded[-1]["run_id"] == first_run
+    assert superseded[-1]["superseded_by"]["commit"] == new_commit
+
+    af.respond(second_detail, "Approve", comment="hotfix")
+    assert second.wait() == 0, second.output()[-4000:]
+    assert af.dag_run("rule_release", second_run)["state"] == "success"
+    records = topic_records(release.bootstrap, release.topic)
+    versions = [json.loads(r.value)["version"] for r in records[before:] if r.key == b"rapid_clicks"]
+    assert versions == ["4"]  # the hotfix published; version 3 never was
+    assert release.live()["rapid_clicks"]["threshold"] == 6
 
 
 def test_scheduled_backtest_report_keeps_a_dated_report(release: Release) -> None:
@@ -288,7 +444,7 @@ def test_scheduled_backtest_report_keeps_a_dated_report(release: Release) -> Non
     live = release.live()
     assert {r["rule_id"] for r in doc["rules"]} == {k for k, v in live.items() if v.get("enabled", True)}
     versions = {r["rule_id"]: r["candidate_version"] for r in doc["rules"]}
-    assert versions["rapid_clicks"] == "2"  # the published version, not the repo's
+    assert versions["rapid_clicks"] == "4"  # the published version
     assert doc["quality"]["topics"]["events.raw"]["records"] > 0
     assert (dated[0] / "data_docs" / "index.html").exists()
     status, html = af.request("GET", f"/rule-reports/dags/backtest_report/runs/{run_id}/")

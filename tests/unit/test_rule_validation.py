@@ -173,7 +173,7 @@ def test_unbumped_version_is_rejected(rules_repo, capsys, monkeypatch):
     write(rules_repo / "rules", "a.yaml", THRESHOLD.replace("value: 20", "value: 30").replace('version: "1"', 'version: "2"'))
     code, out = run_validate(capsys, "--base", "HEAD", "rules")
     assert code == 0, out
-    assert "changed since HEAD: 1 file(s)" in out
+    assert "1 file(s) changed since HEAD: rules/a.yaml" in out
 
 
 def test_a_lower_version_is_rejected(rules_repo, capsys, monkeypatch):

@@ -92,8 +92,10 @@ def test_plan_starts_detect_demo_airflow_in_that_order_with_workdir_paths(tmp_pa
     )
     paths = up.Paths(tmp_path)
     specs = up.plan(args, "127.0.0.1:19092", paths, "/opt/bin/airflow")
-    assert [s.name for s in specs] == ["detect", "demo", "airflow"]
-    detect, demo, airflow = specs
+    assert [s.name for s in specs] == [
+        "detect", "demo", "airflow-api-server", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer",
+    ]
+    detect, demo, airflow = specs[:3]
 
     argv = list(detect.argv)
     assert argv[argv.index("--bootstrap") + 1] == "127.0.0.1:19092"
@@ -109,8 +111,11 @@ def test_plan_starts_detect_demo_airflow_in_that_order_with_workdir_paths(tmp_pa
 
     assert "--forever" in demo.argv and demo.restart is None
 
-    assert list(airflow.argv) == ["/opt/bin/airflow", "standalone"]
-    assert airflow.stop_signal == signal.SIGINT  # standalone stops its children on SIGINT only
+    # Not `airflow standalone`: it would force the simple auth manager.
+    assert [list(x.argv) for x in specs[2:]] == [
+        ["/opt/bin/airflow", c] for c in ("api-server", "scheduler", "dag-processor", "triggerer")
+    ]
+    assert airflow.ready is not None and airflow.on_ready is None
     env = airflow.env or {}
     assert env["AIRFLOW_HOME"] == str(tmp_path / "airflow")
     assert env["AIRFLOW__CORE__DAGS_FOLDER"] == str(up.PROJECT_ROOT / "dags")
@@ -118,7 +123,17 @@ def test_plan_starts_detect_demo_airflow_in_that_order_with_workdir_paths(tmp_pa
     assert env["AIRFLOW__CORE__LOAD_EXAMPLES"] == "False"
     assert env["AIRFLOW__API__PORT"] == "18080"
     assert env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"] == "http://127.0.0.1:18080/execution/"
-    assert env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS"] == "admin:admin"
+    # FAB's auth manager (a subclass adding role assignees for approvals).
+    assert env["AIRFLOW__CORE__AUTH_MANAGER"] == "spark_jobs.platform.auth.RulePlatformAuthManager"
+    from airflow.providers.fab.auth_manager.fab_auth_manager import FabAuthManager
+
+    from spark_jobs.platform.auth import RulePlatformAuthManager
+
+    assert issubclass(RulePlatformAuthManager, FabAuthManager)
+    assert not any("SIMPLE_AUTH_MANAGER" in k for k in env)
+    # Publisher (Airflow) and job share the rule-signing key file; nothing else of it is in the env.
+    assert env["RULES_SIGNING_KEY_FILE"] == (detect.env or {})["RULES_SIGNING_KEY_FILE"] == str(tmp_path / "rules-signing.key")
+    assert "RULES_SIGNING_KEY" not in env
     assert env["RULE_LIFECYCLE_BOOTSTRAP"] == "127.0.0.1:19092"
 
     no_extras = build_parser().parse_args(["up", "--no-airflow", "--no-demo", "--workdir", str(tmp_path)])
@@ -127,12 +142,42 @@ def test_plan_starts_detect_demo_airflow_in_that_order_with_workdir_paths(tmp_pa
         up.plan(build_parser().parse_args(["up"]), "127.0.0.1:9092", paths, None)
 
 
-def test_airflow_password_is_generated_once_and_kept(tmp_path: Path) -> None:
+def test_demo_users_one_per_role_with_generated_passwords_in_an_owner_only_file(tmp_path: Path) -> None:
     paths = up.Paths(tmp_path)
-    first = up.airflow_password(paths, None)
-    assert first and up.airflow_password(paths, None) == first
-    assert up.airflow_password(paths, "chosen") == "chosen"
-    assert (tmp_path / "airflow" / "passwords.json").stat().st_mode & 0o077 == 0
+    users = up.demo_users(paths)
+    assert sorted(u["roles"][0] for u in users) == [
+        "Platform operator", "Release service", "Rule approver", "Rule author", "Rule viewer"]
+    passwords = [u["password"] for u in users]
+    assert len(set(passwords)) == 5 and all(len(p) >= 16 for p in passwords)
+    assert not {"admin", "change-me", "airflow"} & set(passwords)
+    f = tmp_path / "airflow" / "demo-users.json"
+    assert f.stat().st_mode & 0o777 == 0o600
+    assert up.demo_users(paths) == users  # kept across starts of the workdir
+    f.chmod(0o644)
+    up.demo_users(paths)
+    assert f.stat().st_mode & 0o777 == 0o600  # re-tightened
+    assert (tmp_path / "airflow").joinpath(".secret").exists() is False  # only written when Airflow starts
+
+
+def test_the_banner_names_the_users_and_the_file_but_never_a_password(tmp_path: Path) -> None:
+    paths = up.Paths(tmp_path)
+    users = up.demo_users(paths)
+    said: list[str] = []
+
+    class FakeSupervisor:
+        def describe(self) -> dict:
+            return {"airflow-api-server": {"pid": 1}}
+
+        def say(self, text: str) -> None:
+            said.append(text)
+
+    args = build_parser().parse_args(["up", "--workdir", str(tmp_path)])
+    up._banner(FakeSupervisor(), args, "127.0.0.1:9092", paths, 3, users, ("rules.active",))  # type: ignore[arg-type]
+    text = "\n".join(said)
+    assert str(paths.users_file) in text
+    for u in users:
+        assert u["password"] not in text and u["password"][:8] not in text
+    assert all(name in text for name in ("author", "approver", "viewer", "operator"))
 
 
 # ----------------------------------------------------------------------------- supervision
