@@ -235,9 +235,13 @@ def _unreadable(c: Column, f: Column) -> Column:
             & f["json"].isNotNull() & f["num"].isNull())
 
 
-def _passes(conditions: Column, fast: Column, known: Callable[[Column], Column], slots: int) -> tuple[Column, Column]:
-    """Whether an event passes all of a rule's conditions, and the path of a value that
-    kept it from passing because the rule could not read it (NULL when none did).
+def _passes(conditions: Column, fast: Column, known: Callable[[Column], Column],
+            slots: int) -> tuple[Column, Column, Column]:
+    """Whether an event passes all of a rule's conditions; the path of a value that
+    kept it from passing because the rule could not read it (NULL when none did); and
+    whether either holds (the same as `passes | blocked IS NOT NULL`, as one smaller
+    expression: the plan is optimized again at every micro-batch, and its time grows
+    with the size of its expressions).
 
     Higher-order functions (forall over the array) are evaluated interpreted, and in
     Spark 4.2 every element or field read by an interpreted expression costs a
@@ -276,7 +280,8 @@ def _passes(conditions: Column, fast: Column, known: Callable[[Column], Column],
     rest_path = F.get(F.filter(conditions, slow_unread), 0)["path"]
     passes = conditions.isNotNull() & F.when(fast, fixed).otherwise(rest)
     blocked = F.when(fast, F.when(fixed_or_unread, unread_path)).otherwise(F.when(rest_or_unread, rest_path))
-    return passes, F.when(conditions.isNotNull() & ~passes, blocked)
+    either = conditions.isNotNull() & F.when(fast, fixed_or_unread).otherwise(rest_or_unread)
+    return passes, F.when(conditions.isNotNull() & ~passes, blocked), either
 
 
 def _fan_out(events: DataFrame, rules: DataFrame, known_paths: list[str] | None = None,
@@ -345,14 +350,15 @@ def _fan_out(events: DataFrame, rules: DataFrame, known_paths: list[str] | None 
         F.coalesce(F.get(F.filter("conditions", lambda c: (c["path"] == F.lit(route)) & (c["op"] == "==")
                                   & (c["kind"] == "str")), 0)["str"], F.lit(ANY_ROUTE)).alias("r_route"),
     )
-    passes, blocked = _passes(F.col("r_conditions"), F.col("r_fast"), lambda c: at(c["i"]), max_conditions)
+    passes, blocked, passes_or_blocked = _passes(F.col("r_conditions"), F.col("r_fast"), lambda c: at(c["i"]),
+                                                 max_conditions)
     on = (
         (events["in_topic"] == r["r_topic"])
         & (events["_route"] == r["r_route"])
         & (r["r_route_from"].isNull() | (r["r_route_from"] == events["route_from"]))
         # Rows kept from passing only by a value the rule cannot read are joined too, to
         # be counted (`skip`) and then dropped.
-        & (passes | blocked.isNotNull())
+        & passes_or_blocked
     )
     if keep_malformed:
         # Records that are not events come through once, with no rule, to be dead
