@@ -106,15 +106,7 @@ def generate_passwords(usernames: Iterable[str] = DEMO_USERS) -> dict[str, str]:
 
 def write_secret_file(path: Path, data: Mapping) -> Path:
     """Write JSON readable by its owner only (0600 from creation, no umask window)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, stat.S_IRUSR | stat.S_IWUSR)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=2, sort_keys=True)
-        fh.write("\n")
-    tmp.replace(path)
-    return path
+    return write_secret_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def demo_user_specs(passwords: Mapping[str, str]) -> list[dict]:
@@ -165,7 +157,7 @@ def provision(users: Iterable[Mapping]) -> list[str]:
 
 
 def write_secret_text(path: Path, text: str) -> Path:
-    """Like write_secret_file, for a bare value."""
+    """Write text readable by its owner only (0600 from creation, no umask window)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.unlink(missing_ok=True)
