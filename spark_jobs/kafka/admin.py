@@ -23,11 +23,16 @@ SPARK_TIMESTAMP_TYPE = {0: -1, 1: 0, 2: 1}
 
 @dataclass(frozen=True)
 class TopicSpec:
-    """How to create one topic: partition count and topic configs (e.g. cleanup.policy)."""
+    """How to create one topic: partition count and topic configs (e.g. cleanup.policy).
+
+    `replication` -1 takes the broker's `default.replication.factor`, so a topic created
+    by any client (the job's sink, a test's input) on a three-broker cluster gets three
+    replicas without every caller knowing the cluster's size.
+    """
 
     partitions: int = 1
     config: Mapping[str, str] = field(default_factory=dict)
-    replication: int = 1
+    replication: int = -1
 
 
 @dataclass(frozen=True)

@@ -152,6 +152,10 @@ class EmbeddedBroker:
         data_dir: str | Path | None = None,
         controller_port: int | None = None,
         extra_config: Mapping[str, str] | None = None,
+        node_id: int = 1,
+        quorum_voters: str | None = None,
+        cluster_id: str | None = None,
+        replication: int = 1,
     ) -> None:
         self.host = host
         self.port = int(port)
@@ -163,6 +167,12 @@ class EmbeddedBroker:
         self._log_path = Path(log_path) if log_path else self.data_dir / "broker.log"
         self.controller_port = controller_port
         self.extra_config = dict(extra_config or {})
+        # Cluster member (KafkaCluster): its node id, the static controller quorum
+        # (`1@host:port,2@...`) and the cluster id all members are formatted with.
+        self.node_id = int(node_id)
+        self.quorum_voters = quorum_voters
+        self.cluster_id = cluster_id
+        self.replication = int(replication)
         self._log_file: object | None = None
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -219,7 +229,31 @@ class EmbeddedBroker:
             "auto.create.topics.enable": "false",
             "log.cleaner.backoff.ms": "1000",
         }
+        if self.quorum_voters:
+            props.update(self._cluster_properties())
         props.update(self.extra_config)
+        return props
+
+    def _cluster_properties(self) -> dict[str, str]:
+        """A member of a static KRaft quorum: its id, the voters, and replicated internal
+        topics; client-created topics default to `replication` replicas and at least
+        replication - 1 in sync for an `acks=all` write."""
+        r = str(self.replication)
+        min_isr = str(max(1, self.replication - 1))
+        props = {
+            "node.id": str(self.node_id),
+            "controller.quorum.voters": str(self.quorum_voters),
+            "default.replication.factor": r,
+            "min.insync.replicas": min_isr,
+            "offsets.topic.replication.factor": r,
+            "transaction.state.log.replication.factor": r,
+            "transaction.state.log.min.isr": min_isr,
+            "share.coordinator.state.topic.replication.factor": r,
+            "share.coordinator.state.topic.min.isr": min_isr,
+            # A broker that comes back after a crash becomes leader again of what it led.
+            "auto.leader.rebalance.enable": "true",
+            "leader.imbalance.check.interval.seconds": "10",
+        }
         return props
 
     def _write_config(self) -> Path:
@@ -243,7 +277,10 @@ class EmbeddedBroker:
         """Format the log folder once; an already formatted one is kept (its data too)."""
         if (self.data_dir / "log" / "meta.properties").is_file():
             return
-        cmd = self._java("kafka.tools.StorageTool", "format", "--standalone", "-t", new_cluster_id(),
+        # A static quorum (controller.quorum.voters) is formatted without --standalone,
+        # every member with the same cluster id.
+        quorum = [] if self.quorum_voters else ["--standalone"]
+        cmd = self._java("kafka.tools.StorageTool", "format", *quorum, "-t", self.cluster_id or new_cluster_id(),
                          "-c", str(config), heap="128m")
         done = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
         if done.returncode != 0:
@@ -255,19 +292,31 @@ class EmbeddedBroker:
         """Start the broker, wait until it answers Kafka requests, create the topics."""
         if self.is_running():
             return self
+        self.launch()
+        try:
+            self._wait_ready()
+            if self.topics:
+                create_topics(self.bootstrap, topic_specs(self.topics, self.partitions, self.replication))
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def launch(self) -> EmbeddedBroker:
+        """Format (once) and spawn the JVM without waiting: a member of a quorum cannot
+        answer before a majority of its peers run, so a cluster launches all, then waits."""
+        if self.is_running():
+            return self
         if port_in_use(self.host, self.port):
             raise BrokerError(f"{self.bootstrap} is already in use (another broker running?)")
         config = self._write_config()
         self._format(config)
         self._proc = self._spawn(config)
-        try:
-            self._wait_ready()
-            if self.topics:
-                create_topics(self.bootstrap, topic_specs(self.topics, self.partitions))
-        except BaseException:
-            self.stop()
-            raise
         return self
+
+    def wait_ready(self) -> None:
+        """Block until this broker answers metadata requests (BrokerError if it died)."""
+        self._wait_ready()
 
     def _spawn(self, config: Path) -> subprocess.Popen[bytes]:
         self._log_path.parent.mkdir(parents=True, exist_ok=True)
