@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cluster_helpers import free_block, wait_until
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
@@ -20,40 +21,9 @@ pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 TOPIC = "events.raw"
 
 
-def _free_block(n: int) -> int:
-    """A first port p with p..p+n-1 all free (cluster ports are consecutive)."""
-    import socket
-
-    for base in range(41000, 60000, 97):
-        ok = True
-        for p in range(base, base + n):
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", p))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
-            return base
-    raise RuntimeError("no free port block")
-
-
 def _partition_md(bootstrap: str, topic: str):
     md = AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=10)
     return md.topics[topic].partitions[0]
-
-
-def _wait(pred, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            got = pred()
-        except Exception:  # a broker bouncing: ask again
-            got = None
-        if got:
-            return got
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _pids_of_node(data_dir: Path, node: int) -> list[int]:
@@ -64,7 +34,7 @@ def _pids_of_node(data_dir: Path, node: int) -> list[int]:
 
 
 def test_three_brokers_survive_one_killed_and_it_rejoins(tmp_path: Path) -> None:
-    port = _free_block(3)
+    port = free_block(3)
     cport = port + 500
     data = tmp_path / "kafka"
     log = (tmp_path / "broker.out").open("wb")
@@ -73,7 +43,7 @@ def test_three_brokers_survive_one_killed_and_it_rejoins(tmp_path: Path) -> None
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     bootstrap = ",".join(f"127.0.0.1:{port + i}" for i in range(3))
     try:
-        _wait(lambda: b"cluster ready" in (tmp_path / "broker.out").read_bytes(), 150, "cluster ready")
+        wait_until(lambda: b"cluster ready" in (tmp_path / "broker.out").read_bytes(), 150, "cluster ready")
         part = _partition_md(bootstrap, TOPIC)
         assert sorted(part.replicas) == [1, 2, 3] and sorted(part.isrs) == [1, 2, 3]
         admin = AdminClient({"bootstrap.servers": bootstrap})
@@ -105,13 +75,13 @@ def test_three_brokers_survive_one_killed_and_it_rejoins(tmp_path: Path) -> None
 
         t = threading.Thread(target=produce)
         t.start()
-        _wait(lambda: len(acked) > 500, 60, "records acknowledged before the kill")
+        wait_until(lambda: len(acked) > 500, 60, "records acknowledged before the kill")
         leader = _partition_md(bootstrap, TOPIC).leader
         pids = _pids_of_node(data, leader)
         assert len(pids) == 1, pids
         os.kill(pids[0], signal.SIGKILL)  # the partition's leader dies mid-stream
         before = len(acked)
-        _wait(lambda: len(acked) > before + 1000, 90, "records acknowledged after the kill")
+        wait_until(lambda: len(acked) > before + 1000, 90, "records acknowledged after the kill")
         assert leader not in _partition_md(bootstrap, TOPIC).isrs
         stop.set()
         t.join(90)
@@ -120,7 +90,7 @@ def test_three_brokers_survive_one_killed_and_it_rejoins(tmp_path: Path) -> None
         # Restart the killed node on its data folder: it catches up and is in sync again.
         node = _restart_node(data, leader, tmp_path)
         try:
-            _wait(lambda: sorted(_partition_md(bootstrap, TOPIC).isrs) == [1, 2, 3], 120, "ISR back to 3")
+            wait_until(lambda: sorted(_partition_md(bootstrap, TOPIC).isrs) == [1, 2, 3], 120, "ISR back to 3")
             records = _read_values(bootstrap)
             assert sorted(records) == sorted(acked), "acknowledged records lost or duplicated"
             assert len(set(records)) == len(records)
