@@ -244,3 +244,15 @@ def to_record(msg: object) -> KafkaRecord:
         timestamp_type=SPARK_TIMESTAMP_TYPE.get(ts_type, -1),
         headers=headers,
     )
+
+
+def read_all_with(consumer: Consumer, topic: str, timeout: float = 30.0) -> list[KafkaRecord]:
+    """`read_all` through a consumer the caller made (e.g. the Airflow Kafka provider's
+    hook, with the connection's security settings); the consumer is not closed."""
+    md = consumer.list_topics(topic, timeout=min(timeout, 10.0))
+    t = md.topics.get(topic)
+    if t is None or t.error is not None:
+        return []
+    wm = end_offsets(consumer, [(topic, p) for p in sorted(t.partitions)], min(timeout, 10.0))
+    ranges = {p: (lo, hi) for (_, p), (lo, hi) in wm.items() if hi > lo}
+    return _read_ranges(consumer, topic, ranges, timeout) if ranges else []

@@ -38,7 +38,7 @@ DEFAULT_TOPICS: tuple[str, ...] = (
 
 # Control topics hold one logical stream whose order matters across keys (the rule set,
 # the job's status), so they always get one partition whatever `partitions` says.
-SINGLE_PARTITION_TOPICS = frozenset({"rules.active", "detect.status", "detect.control"})
+SINGLE_PARTITION_TOPICS = frozenset({"rules.active", "detect.status", "detect.control", "detect.restarts"})
 
 _DAY_MS = 24 * 3600 * 1000
 # rules.active and the status topic are tables (newest record per key): compacted, kept
@@ -48,6 +48,8 @@ TOPIC_CONFIGS: dict[str, dict[str, str]] = {
     "rules.active": {"cleanup.policy": "compact", "min.compaction.lag.ms": "0"},
     "detect.status": {"cleanup.policy": "compact"},
     "detect.control": {"cleanup.policy": "compact"},
+    # What the runner did to the job (restarts, crashes, giving up): an audit trail.
+    "detect.restarts": {"retention.ms": str(30 * _DAY_MS)},
     "events.raw": {"retention.ms": str(7 * _DAY_MS)},
     "context.raw": {"retention.ms": str(7 * _DAY_MS)},
     "events.processed": {"retention.ms": str(7 * _DAY_MS)},
