@@ -282,8 +282,10 @@ class EmbeddedBroker:
         # A static quorum (controller.quorum.voters) is formatted without --standalone,
         # every member with the same cluster id.
         quorum = [] if self.quorum_voters else ["--standalone"]
-        cmd = self._java("kafka.tools.StorageTool", "format", *quorum, "-t", self.cluster_id or new_cluster_id(),
-                         "-c", str(config), heap="128m")
+        # `--cluster-id=ID` in one argument: an id may start with "-" (URL-safe base64),
+        # which the tool's parser takes for an option when it stands alone.
+        cmd = self._java("kafka.tools.StorageTool", "format", *quorum,
+                         f"--cluster-id={self.cluster_id or new_cluster_id()}", "-c", str(config), heap="128m")
         done = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
         if done.returncode != 0:
             raise BrokerError(f"formatting {self.data_dir / 'log'} failed: {(done.stdout + done.stderr)[-2000:]}")

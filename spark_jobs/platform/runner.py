@@ -88,6 +88,7 @@ class Runner:
         self._producer = Producer({"bootstrap.servers": cfg.bootstrap, "acks": "all", "enable.idempotence": True,
                                    "linger.ms": 0})
         self._control: Consumer | None = None
+        self._after_crash = False  # the next start is a restart after a crash (recorded)
 
     # ------------------------------------------------------------------ records
 
@@ -234,6 +235,7 @@ class Runner:
                     continue
                 reason = f"driver exited with {rc} after {ran:.0f}s" + (f": {self._log_tail()}" if self._log_tail() else "")
                 self.state, self.reason = "crashed", reason
+                self._after_crash = True
                 self.record("crashed", reason, exit_code=rc)
                 if ran >= self.cfg.healthy_after_s:
                     return  # a crash after a healthy run: restart at once, budget afresh
@@ -264,7 +266,8 @@ class Runner:
                 try:
                     for attempt in retrying:
                         with attempt:
-                            if attempt.retry_state.attempt_number > 1 and not self.stop.is_set():
+                            if self._after_crash and not self.stop.is_set():
+                                self._after_crash = False
                                 self.restarts_total += 1
                                 self.record("restarted", f"after a crash ({self.reason})")
                             self._supervise_child()
