@@ -207,3 +207,17 @@ def latest_by_key(records: Iterable[tuple[bytes | None, bytes | None]]) -> dict[
         if parsed is not None:
             out[key.decode(errors="replace")] = parsed
     return out
+
+
+def airflow_connection_env(bootstrap: str, group_id: str = "detection-supervisor") -> dict[str, str]:
+    """`AIRFLOW_CONN_*` variables of the supervisor's two Kafka provider connections:
+    `detect_kafka` (reads; a group for the AwaitMessageSensor's commits) and
+    `detect_kafka_producer` (requests: acks=all, idempotent). A deployment with SASL/TLS
+    puts the same keys plus its security settings in Airflow's connections instead."""
+    read = {"bootstrap.servers": bootstrap, "group.id": group_id, "auto.offset.reset": "earliest",
+            "enable.auto.commit": False}
+    write = {"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True}
+    return {
+        "AIRFLOW_CONN_DETECT_KAFKA": json.dumps({"conn_type": "kafka", "extra": read}),
+        "AIRFLOW_CONN_DETECT_KAFKA_PRODUCER": json.dumps({"conn_type": "kafka", "extra": write}),
+    }
