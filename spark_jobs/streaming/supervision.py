@@ -1,6 +1,9 @@
-"""Supervision of the detection job: is it healthy, and does it need a restart?
+"""Supervision of the detection job on one host: is it healthy, does it need a restart?
 
-Pure logic behind the `detection_supervisor` DAG (plugins/rule_lifecycle/supervision.py):
+The `detection_supervisor` DAG no longer uses the file and pid parts of this module: it
+supervises across hosts through Kafka (spark_jobs.platform.control, `rulectl runner`)
+and takes only `SupervisorSettings`, `parse_time` and `summary` from here. `assess` and
+`request_restart` remain for a supervisor that shares the job's host:
 
 * `assess(status, now, ...)` judges one status snapshot (`<checkpoint>/status.json`,
   written by spark_jobs.streaming.job every ~0.5 s). A restart is the answer only when it
