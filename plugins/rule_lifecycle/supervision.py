@@ -23,6 +23,8 @@ from spark_jobs.kafka.admin import read_all_with
 from spark_jobs.platform import control
 from spark_jobs.streaming import supervision
 
+STATUS_TAIL = 5000
+
 
 class DetectionControlHook(KafkaConsumerHook):
     """The detection job's control topics, read through a Kafka provider connection.
@@ -38,17 +40,19 @@ class DetectionControlHook(KafkaConsumerHook):
         super().__init__(topics=[status_topic], kafka_config_id=kafka_config_id)
         self.status_topic, self.control_topic, self.restarts_topic = status_topic, control_topic, restarts_topic
 
-    def _records(self, topic: str) -> list:
+    def _records(self, topic: str, last: int | None = None) -> list:
         consumer = self.get_conn
         try:
-            return read_all_with(consumer, topic, timeout=30)
+            return read_all_with(consumer, topic, timeout=30, last=last)
         finally:
             consumer.unassign()
 
     def view(self, history_s: float = 600.0) -> control.ControlView:
         """The job's recent status records, the runner's status, the newest request and
         the restart records, as of now."""
-        status = self._records(self.status_topic)
+        # The job writes its status twice a second, the runner every 2 s: the tail holds
+        # the newest of both and the recent history (the topic's start may be days old).
+        status = self._records(self.status_topic, last=STATUS_TAIL)
         cutoff = (time.time() - history_s) * 1000
         job = [control.parse_record(r.value) for r in status
                if r.key == control.JOB_KEY.encode() and r.timestamp_ms >= cutoff]

@@ -246,13 +246,16 @@ def to_record(msg: object) -> KafkaRecord:
     )
 
 
-def read_all_with(consumer: Consumer, topic: str, timeout: float = 30.0) -> list[KafkaRecord]:
+def read_all_with(consumer: Consumer, topic: str, timeout: float = 30.0, last: int | None = None) -> list[KafkaRecord]:
     """`read_all` through a consumer the caller made (e.g. the Airflow Kafka provider's
-    hook, with the connection's security settings); the consumer is not closed."""
+    hook, with the connection's security settings); the consumer is not closed.
+
+    `last`: only the last N offsets of each partition (a status topic written twice a
+    second is read in its recent tail, not from its start)."""
     md = consumer.list_topics(topic, timeout=min(timeout, 10.0))
     t = md.topics.get(topic)
     if t is None or t.error is not None:
         return []
     wm = end_offsets(consumer, [(topic, p) for p in sorted(t.partitions)], min(timeout, 10.0))
-    ranges = {p: (lo, hi) for (_, p), (lo, hi) in wm.items() if hi > lo}
+    ranges = {p: (lo if last is None else max(lo, hi - last), hi) for (_, p), (lo, hi) in wm.items() if hi > lo}
     return _read_ranges(consumer, topic, ranges, timeout) if ranges else []

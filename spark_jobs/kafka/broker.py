@@ -46,7 +46,8 @@ _DAY_MS = 24 * 3600 * 1000
 # reads after the fact), the job's internal routing topic a day.
 TOPIC_CONFIGS: dict[str, dict[str, str]] = {
     "rules.active": {"cleanup.policy": "compact", "min.compaction.lag.ms": "0"},
-    "detect.status": {"cleanup.policy": "compact"},
+    # Written twice a second: small segments so compaction keeps it short.
+    "detect.status": {"cleanup.policy": "compact", "segment.ms": str(3600 * 1000)},
     "detect.control": {"cleanup.policy": "compact"},
     # What the runner did to the job (restarts, crashes, giving up): an audit trail.
     "detect.restarts": {"retention.ms": str(30 * _DAY_MS)},
