@@ -208,6 +208,8 @@ def test_raised_watermark_delay_gives_exactly_one_graceful_restart(platform) -> 
     rc, _, states, out = _dag_run(af, "watermark-after")
     assert rc == 0 and states["healthy"] == "success", out[-5000:]
     assert len(_records(b, "detect.restarts")) == n
+    # The restart (what, by whom, why) is in Airflow: the health check's task log.
+    assert f"restarted by airflow:detection_supervisor/{run_id}: rules need watermark delay" in out, out[-5000:]
 
 
 def test_crash_loop_stops_restarts_and_fails_the_run(platform) -> None:
