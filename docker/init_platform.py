@@ -6,7 +6,8 @@ topics are left as they are and publishing skips rules already live, so `docker 
 up` can run it on every start.
 
 Environment: KAFKA_BOOTSTRAP (kafka:19092), PARTITIONS (3, for the data topics; control
-topics always get one), RULES_DIR (/opt/rule-platform/rules), WAIT_SECONDS (120).
+topics always get one), REPLICATION (1; 3 on the three-broker cluster: then
+min.insync.replicas 2), RULES_DIR (/opt/rule-platform/rules), WAIT_SECONDS (120).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import sys
 import time
 
 from spark_jobs.kafka.admin import create_topics
-from spark_jobs.kafka.broker import DEFAULT_TOPICS, topic_specs
+from spark_jobs.kafka.broker import topic_specs
+from spark_jobs.kafka.cluster import CLUSTER_TOPICS
 from spark_jobs.kafka.publisher import publish_rules
 from spark_jobs.rules.loader import load_rules
 
@@ -24,6 +26,7 @@ from spark_jobs.rules.loader import load_rules
 def main() -> int:
     bootstrap = os.environ.get("KAFKA_BOOTSTRAP", "kafka:19092")
     partitions = int(os.environ.get("PARTITIONS", "3"))
+    replication = int(os.environ.get("REPLICATION", "1"))
     rules_dir = os.environ.get("RULES_DIR", "/opt/rule-platform/rules")
     wait_s = float(os.environ.get("WAIT_SECONDS", "120"))
 
@@ -39,7 +42,7 @@ def main() -> int:
     deadline = time.monotonic() + wait_s
     while True:  # the healthcheck says the broker is up; metadata may still settle
         try:
-            created = create_topics(bootstrap, topic_specs(DEFAULT_TOPICS, partitions), timeout=15.0)
+            created = create_topics(bootstrap, topic_specs(CLUSTER_TOPICS, partitions, replication), timeout=15.0)
             break
         except Exception as exc:  # KafkaException / RuntimeError while the broker starts
             if time.monotonic() > deadline:
@@ -47,7 +50,7 @@ def main() -> int:
                 return 1
             time.sleep(2.0)
     print(
-        f"init: topics on {bootstrap}: {', '.join(DEFAULT_TOPICS)} (created: {', '.join(created) or 'none'})"
+        f"init: topics on {bootstrap}: {', '.join(CLUSTER_TOPICS)} (created: {', '.join(created) or 'none'})"
     )
 
     result = publish_rules([lr.rule for lr in loaded.rules], bootstrap, published_by="docker-init")

@@ -11,7 +11,8 @@ import argparse
 import importlib
 import sys
 
-COMMANDS = ["validate", "schema", "backtest", "broker", "publish", "detect", "history", "up", "demo", "tail"]
+COMMANDS = ["validate", "schema", "backtest", "broker", "cluster", "publish", "detect", "runner", "history", "up", "demo",
+            "tail"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -20,13 +20,15 @@ from spark_jobs.kafka.admin import create_topics, read_all
 
 class DetectJob:
     def __init__(self, bootstrap: str, workdir: Path, sink: str = "events.processed", dlq: str = "events.deadletter",
-                 rules_topic: str = "rules.active", trigger_ms: int = 500, max_offsets_per_trigger: int = 100_000) -> None:
+                 rules_topic: str = "rules.active", trigger_ms: int = 500, max_offsets_per_trigger: int = 100_000,
+                 extra_args: tuple[str, ...] = ()) -> None:
         self.bootstrap = bootstrap
         self.workdir = workdir
         self.checkpoint = workdir / "checkpoint"
         self.sink, self.dlq, self.rules_topic = sink, dlq, rules_topic
         self.trigger_ms = trigger_ms
         self.max_offsets_per_trigger = max_offsets_per_trigger
+        self.extra_args = tuple(extra_args)  # e.g. ("--master", "spark://...")
         self.proc: subprocess.Popen | None = None
         self.log = workdir / "detect.log"
         workdir.mkdir(parents=True, exist_ok=True)
@@ -41,7 +43,7 @@ class DetectJob:
         cmd = [sys.executable, "-m", "spark_jobs.cli", "detect", "--bootstrap", self.bootstrap,
                "--checkpoint", str(self.checkpoint), "--sink-topic", self.sink, "--dead-letter-topic", self.dlq,
                "--rules-topic", self.rules_topic, "--trigger-ms", str(self.trigger_ms),
-               "--max-offsets-per-trigger", str(self.max_offsets_per_trigger)]
+               "--max-offsets-per-trigger", str(self.max_offsets_per_trigger), *self.extra_args]
         log = self.log.open("ab")
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
         return self.wait_for(lambda s: s.get("state") == "running" and s.get("last_batch_id") is not None, timeout)

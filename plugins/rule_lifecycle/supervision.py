@@ -1,67 +1,93 @@
-"""Supervision of the detection job: a hook on its status file and restart, two operators.
+"""Supervision of the detection job across hosts: a hook over its Kafka topics, two operators.
 
-The logic is spark_jobs.streaming.supervision; these are its Airflow faces, used by
-dags/detection_supervisor.py.
+Airflow never shares a host, a file or a process namespace with the Spark driver: the
+job's health is read from `detect.status` (the job's and its runner's records), restarts
+are asked for on `detect.control` and answered on `detect.restarts` by `rulectl runner`
+on the driver host. The reads go through the Kafka provider's KafkaConsumerHook (its
+connection carries the cluster's address and security settings); the request and the
+wait for its answer are the provider's ProduceToTopicOperator and AwaitMessageSensor in
+dags/detection_supervisor.py. The verdict is spark_jobs.platform.control.decide.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
-from airflow.providers.common.compat.sdk import BaseHook, BaseOperator
+from airflow.providers.apache.kafka.hooks.consume import KafkaConsumerHook
+from airflow.providers.common.compat.sdk import BaseOperator
 
+from spark_jobs.kafka.admin import read_all_with
+from spark_jobs.platform import control
 from spark_jobs.streaming import supervision
 
+STATUS_TAIL = 5000
 
-class DetectionJobHook(BaseHook):
-    """The running detection job: its status (`status.json`) and a graceful restart.
 
-    :param status_file: the job's status file (default: setting `status_file`, i.e.
-        RULES_DETECT_STATUS_FILE or `$RULES_DETECT_CHECKPOINT/status.json`).
-    :param platform_state: `platform.json` of `rulectl up` (default: RULES_PLATFORM_STATE).
+class DetectionControlHook(KafkaConsumerHook):
+    """The detection job's control topics, read through a Kafka provider connection.
+
+    Reads assign partitions and never commit (the connection's group is the one the
+    AwaitMessageSensor commits with).
     """
 
-    hook_name = "Detection job (rule platform)"
+    hook_name = "Detection job control topics (rule platform)"
 
-    def __init__(self, status_file: str | None = None, platform_state: str | None = None, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        if not status_file or not platform_state:
-            s = supervision.resolve_supervisor_settings(use_airflow=False)
-            status_file = status_file or s.status_file
-            platform_state = platform_state or s.platform_state
-        self.status_file = status_file
-        self.platform_state = platform_state
+    def __init__(self, kafka_config_id: str = "detect_kafka", status_topic: str = control.STATUS_TOPIC,
+                 control_topic: str = control.CONTROL_TOPIC, restarts_topic: str = control.RESTARTS_TOPIC) -> None:
+        super().__init__(topics=[status_topic], kafka_config_id=kafka_config_id)
+        self.status_topic, self.control_topic, self.restarts_topic = status_topic, control_topic, restarts_topic
 
-    def get_status(self) -> dict | None:
-        """The latest status snapshot, or None when the job wrote none (yet)."""
-        if not self.status_file:
-            raise ValueError(
-                "No status file: set `status_file` in the detection_supervisor Variable or RULES_DETECT_STATUS_FILE"
-            )
-        return supervision.read_status(Path(self.status_file))
+    def _records(self, topic: str, last: int | None = None) -> list:
+        consumer = self.get_conn
+        try:
+            return read_all_with(consumer, topic, timeout=30, last=last)
+        finally:
+            consumer.unassign()
 
-    def assess(self, stale_after_s: float, max_lag: int | None, now: datetime | None = None) -> tuple[dict | None, Any]:
-        status = self.get_status()
-        return status, supervision.assess(status, now or datetime.now(UTC), stale_after_s, max_lag)
+    def view(self, history_s: float = 600.0) -> control.ControlView:
+        """The job's recent status records, the runner's status, the newest request and
+        the restart records, as of now."""
+        # The job writes its status twice a second, the runner every 2 s: the tail holds
+        # the newest of both and the recent history (the topic's start may be days old).
+        status = self._records(self.status_topic, last=STATUS_TAIL)
+        cutoff = (time.time() - history_s) * 1000
+        job = [control.parse_record(r.value) for r in status
+               if r.key == control.JOB_KEY.encode() and r.timestamp_ms >= cutoff]
+        latest = control.latest_by_key((r.key, r.value) for r in status)
+        requests = control.latest_by_key((r.key, r.value) for r in self._records(self.control_topic))
+        restarts = [control.parse_record(r.value) for r in self._records(self.restarts_topic)]
+        job_history = [j for j in job if j] or ([latest[control.JOB_KEY]] if control.JOB_KEY in latest else [])
+        return control.ControlView(job_history=job_history, runner=latest.get(control.RUNNER_KEY),
+                                   last_request=requests.get(control.JOB_KEY), restarts=[r for r in restarts if r])
 
-    def request_restart(self) -> int:
-        """SIGTERM the job's pid; `rulectl up` restarts it from its checkpoint."""
-        if not self.platform_state:
-            raise ValueError(
-                "No platform state: set `platform_state` in the detection_supervisor Variable or RULES_PLATFORM_STATE"
-            )
-        return supervision.request_restart(Path(self.platform_state))
+
+def _settings(context: Any, overrides: Any) -> supervision.SupervisorSettings:
+    if overrides is None:
+        overrides = (context.get("params") or {}).get("settings")
+    return supervision.resolve_supervisor_settings(overrides if isinstance(overrides, dict) else {})
+
+
+def _hook(s: supervision.SupervisorSettings) -> DetectionControlHook:
+    return DetectionControlHook(s.kafka_conn_id, s.status_topic, s.control_topic, s.restarts_topic)
+
+
+def _policy(s: supervision.SupervisorSettings) -> control.SupervisorPolicy:
+    return control.SupervisorPolicy(stale_after_s=s.stale_after_s, runner_stale_after_s=s.runner_stale_after_s,
+                                    stall_after_s=s.stall_after_s, max_lag=s.max_lag,
+                                    request_timeout_s=s.request_timeout_s)
 
 
 class DetectionHealthOperator(BaseOperator):
-    """Read the job's status and decide: ok, restart or alert. Says what it found in the log.
+    """Read the job's health from the status topic and decide: ok, wait, restart, alert, fail.
+
+    Logs what it found and the restart history (who, why, when) so both are in the task log.
 
     :param settings_overrides: overrides of the detection_supervisor settings (templated
         dict); default: the run's `settings` param.
-    :return: {"action", "reasons", "summary", "status", "settings"} (pushed to XCom).
+    :return: {"action", "reasons", "summary", "status", "runner", "restarts", "settings"}.
     """
 
     template_fields: Sequence[str] = ("settings_overrides",)
@@ -72,49 +98,59 @@ class DetectionHealthOperator(BaseOperator):
         self.settings_overrides = settings_overrides
 
     def execute(self, context: Any) -> dict:
-        overrides = self.settings_overrides
-        if overrides is None:
-            overrides = (context.get("params") or {}).get("settings")
-        overrides = overrides if isinstance(overrides, dict) else {}
-        s = supervision.resolve_supervisor_settings(overrides)
-        hook = DetectionJobHook(s.status_file, s.platform_state)
-        status, verdict = hook.assess(s.stale_after_s, s.max_lag)
-        self.log.info("Detection job (%s): %s", hook.status_file, supervision.summary(status))
-        if verdict.action == "ok":
-            self.log.info("Healthy: no restart needed.")
-        else:
-            for reason in verdict.reasons:
-                self.log.warning("%s: %s", verdict.action.upper(), reason)
+        s = _settings(context, self.settings_overrides)
+        view = _hook(s).view()
+        decision = control.decide(view, datetime.now(UTC), _policy(s))
+        if not s.restart_enabled and decision.action == "restart":
+            decision = control.Decision("alert", [*decision.reasons, "restart_enabled is false: not asking"])
+        self.log.info("Detection job: %s", supervision.summary(view.job))
+        self.log.info("Runner: %s", dict(view.runner) if view.runner else None)
+        for r in list(view.restarts)[-10:]:
+            self.log.info("Restart history: %s %s by %s: %s", r.get("at"), r.get("event"), r.get("by"), r.get("reason"))
+        for reason in decision.reasons:
+            self.log.warning("%s: %s", decision.action.upper(), reason)
         return {
-            "action": verdict.action,
-            "reasons": verdict.reasons,
-            "summary": supervision.summary(status),
-            "status": status,
+            "action": decision.action,
+            "reasons": decision.reasons,
+            "summary": supervision.summary(view.job),
+            "status": dict(view.job) if view.job else None,
+            "runner": dict(view.runner) if view.runner else None,
+            "restarts": [dict(r) for r in list(view.restarts)[-10:]],
             "settings": s.to_dict(),
         }
 
 
-class RestartDetectionJobOperator(BaseOperator):
-    """Gracefully restart the detection job (SIGTERM; `rulectl up` starts it again).
+class ConfirmRestartOperator(BaseOperator):
+    """After the runner answered a restart request: fail if it could not restart, else wait
+    until the new job reports running and log its watermark delay.
 
-    :param health: the DetectionHealthOperator's result (templated / XComArg).
+    :param answer: the runner's restart record (the AwaitMessageSensor's event; templated).
     """
 
-    template_fields: Sequence[str] = ("health",)
+    template_fields: Sequence[str] = ("answer", "settings_overrides")
     ui_color = "#fde0e0"
 
-    def __init__(self, *, health: Any, **kwargs: Any) -> None:
+    def __init__(self, *, answer: Any, settings_overrides: Any = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.health = health
+        self.answer = answer
+        self.settings_overrides = settings_overrides
 
-    def execute(self, context: Any) -> int | None:
-        health = dict(self.health)
-        s = health["settings"]
-        for reason in health["reasons"]:
-            self.log.warning("Restart because: %s", reason)
-        if not s.get("restart_enabled", True):
-            self.log.warning("restart_enabled is false: not signalling the job.")
-            return None
-        pid = DetectionJobHook(s["status_file"], s["platform_state"]).request_restart()
-        self.log.info("Sent SIGTERM to the detection job (pid %s); `rulectl up` restarts it from its checkpoint.", pid)
-        return pid
+    def execute(self, context: Any) -> dict:
+        from airflow.sdk.exceptions import AirflowFailException
+
+        answer = dict(self.answer or {})
+        self.log.info("Runner answered: %s", answer)
+        if answer.get("event") != "restarted":
+            raise AirflowFailException(f"the runner did not restart the job: {answer.get('reason')}")
+        s = _settings(context, self.settings_overrides)
+        hook = _hook(s)
+        since = supervision.parse_time(answer.get("at"))
+        deadline = time.monotonic() + s.restart_wait_s
+        while time.monotonic() < deadline:
+            job = hook.view(history_s=60).job
+            started = supervision.parse_time((job or {}).get("started_at"))
+            if job and job.get("state") == "running" and started and since and started >= since.replace(microsecond=0):
+                self.log.info("Restarted job running: %s", supervision.summary(job))
+                return {"restart": answer, "status": dict(job)}
+            time.sleep(2)
+        raise AirflowFailException(f"the job did not report running within {s.restart_wait_s:g}s after the restart")

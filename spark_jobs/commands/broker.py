@@ -23,6 +23,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=9092, help="listen port (default: 9092)")
     p.add_argument("--partitions", type=int, default=1, help="partitions per data topic (default: 1)")
     p.add_argument("--data-dir", default="var/kafka", help="the broker's log folder, kept across restarts (default: var/kafka)")
+    p.add_argument("--brokers", type=int, default=1,
+                   help="KRaft nodes on ports PORT, PORT+1, ... (default 1); 3: a cluster with replication factor 3 "
+                        "and min.insync.replicas 2, every node broker and controller, node i under DATA_DIR/node-i")
+    p.add_argument("--controller-port", type=int, default=19092,
+                   help="with --brokers > 1: first controller (quorum) port (default: 19092)")
     p.set_defaults(func=run)
 
 
@@ -30,6 +35,11 @@ def run(args: argparse.Namespace) -> int:
     if args.partitions < 1:
         print("rulectl broker: --partitions must be at least 1", file=sys.stderr)
         return 2
+    if args.brokers < 1:
+        print("rulectl broker: --brokers must be at least 1", file=sys.stderr)
+        return 2
+    if args.brokers > 1:
+        return _run_cluster(args)
     stop = threading.Event()
     broker = EmbeddedBroker(port=args.port, host=args.host, topics=DEFAULT_TOPICS, partitions=args.partitions,
                             data_dir=args.data_dir)
@@ -55,3 +65,41 @@ def run(args: argparse.Namespace) -> int:
         _restore_handlers(previous)
 
 
+
+
+def _run_cluster(args: argparse.Namespace) -> int:
+    """`--brokers N`: N KRaft nodes in the foreground; any node that dies is reported,
+    and the command stops (all nodes) only on Ctrl-C/SIGTERM, because a cluster with one
+    node down still serves (that is what it is for), and a test or an operator restarts
+    the node."""
+    from spark_jobs.kafka.cluster import KafkaCluster
+
+    stop = threading.Event()
+    cluster = KafkaCluster(args.data_dir, size=args.brokers, host=args.host, port=args.port,
+                           controller_port=args.controller_port, partitions=args.partitions)
+    previous = _install_handlers(stop)
+    try:
+        cluster.start()
+    except BrokerError as exc:
+        print(f"rulectl broker: {exc}", file=sys.stderr)
+        _restore_handlers(previous)
+        return 1
+    try:
+        pids = ", ".join(f"node {n.node_id} pid {n.pid}" for n in cluster.nodes)
+        print(f"cluster ready on {cluster.bootstrap} ({pids}; logs in {cluster.data_dir})", flush=True)
+        print(f"topics (replication {cluster.replication}): {', '.join(cluster.topics)}", flush=True)
+        print("press Ctrl-C to stop", flush=True)
+        reported: set[int] = set()
+        while not stop.wait(0.5):
+            down = {n.node_id for n in cluster.nodes if not n.is_running()}
+            for node_id in sorted(down - reported):
+                print(f"rulectl broker: node {node_id} exited", file=sys.stderr, flush=True)
+            reported = down
+            if len(down) == len(cluster.nodes):
+                print("rulectl broker: every node exited", file=sys.stderr)
+                return 1
+        print("stopping cluster", flush=True)
+        return 0
+    finally:
+        cluster.stop()
+        _restore_handlers(previous)

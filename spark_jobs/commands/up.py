@@ -165,9 +165,13 @@ def base_env(bootstrap: str, paths: Paths) -> dict[str, str]:
 
 
 def detect_spec(args: argparse.Namespace, bootstrap: str, paths: Paths) -> ChildSpec:
+    # The job runs under `rulectl runner`, which obeys the supervisor's restart requests
+    # on detect.control (the same path as on a cluster) and restarts a crashed driver.
     argv = rulectl_argv(
-        "detect",
+        "runner",
         "--bootstrap", bootstrap,
+        "--log", str(paths.logs / "driver.log"),
+        "--",
         "--checkpoint", str(paths.checkpoint),
         "--status-file", str(paths.status_file),
     )  # fmt: skip
@@ -298,6 +302,9 @@ def airflow_env(
         "PYTHONPATH": str(project_root)
         + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else ""),
     }
+    from spark_jobs.platform.control import airflow_connection_env
+
+    env.update(airflow_connection_env(bootstrap))  # detection_supervisor's Kafka connections
     if args.airflow_db:
         env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = args.airflow_db
     elif "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN" not in os.environ:

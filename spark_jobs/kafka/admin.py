@@ -23,11 +23,16 @@ SPARK_TIMESTAMP_TYPE = {0: -1, 1: 0, 2: 1}
 
 @dataclass(frozen=True)
 class TopicSpec:
-    """How to create one topic: partition count and topic configs (e.g. cleanup.policy)."""
+    """How to create one topic: partition count and topic configs (e.g. cleanup.policy).
+
+    `replication` -1 takes the broker's `default.replication.factor`, so a topic created
+    by any client (the job's sink, a test's input) on a three-broker cluster gets three
+    replicas without every caller knowing the cluster's size.
+    """
 
     partitions: int = 1
     config: Mapping[str, str] = field(default_factory=dict)
-    replication: int = 1
+    replication: int = -1
 
 
 @dataclass(frozen=True)
@@ -240,3 +245,18 @@ def to_record(msg: object) -> KafkaRecord:
         timestamp_type=SPARK_TIMESTAMP_TYPE.get(ts_type, -1),
         headers=headers,
     )
+
+
+def read_all_with(consumer: Consumer, topic: str, timeout: float = 30.0, last: int | None = None) -> list[KafkaRecord]:
+    """`read_all` through a consumer the caller made (e.g. the Airflow Kafka provider's
+    hook, with the connection's security settings); the consumer is not closed.
+
+    `last`: only the last N offsets of each partition (a status topic written twice a
+    second is read in its recent tail, not from its start)."""
+    md = consumer.list_topics(topic, timeout=min(timeout, 10.0))
+    t = md.topics.get(topic)
+    if t is None or t.error is not None:
+        return []
+    wm = end_offsets(consumer, [(topic, p) for p in sorted(t.partitions)], min(timeout, 10.0))
+    ranges = {p: (lo if last is None else max(lo, hi - last), hi) for (_, p), (lo, hi) in wm.items() if hi > lo}
+    return _read_ranges(consumer, topic, ranges, timeout) if ranges else []

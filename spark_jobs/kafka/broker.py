@@ -39,7 +39,7 @@ DEFAULT_TOPICS: tuple[str, ...] = (
 
 # Control topics hold one logical stream whose order matters across keys (the rule set,
 # the job's status), so they always get one partition whatever `partitions` says.
-SINGLE_PARTITION_TOPICS = frozenset({"rules.active", "detect.status", "detect.control"})
+SINGLE_PARTITION_TOPICS = frozenset({"rules.active", "detect.status", "detect.control", "detect.restarts"})
 
 _DAY_MS = 24 * 3600 * 1000
 # rules.active and the status topic are tables (newest record per key): compacted, kept
@@ -47,8 +47,11 @@ _DAY_MS = 24 * 3600 * 1000
 # reads after the fact), the job's internal routing topic a day.
 TOPIC_CONFIGS: dict[str, dict[str, str]] = {
     "rules.active": {"cleanup.policy": "compact", "min.compaction.lag.ms": "0"},
-    "detect.status": {"cleanup.policy": "compact"},
+    # Written twice a second: small segments so compaction keeps it short.
+    "detect.status": {"cleanup.policy": "compact", "segment.ms": str(3600 * 1000)},
     "detect.control": {"cleanup.policy": "compact"},
+    # What the runner did to the job (restarts, crashes, giving up): an audit trail.
+    "detect.restarts": {"retention.ms": str(30 * _DAY_MS)},
     "events.raw": {"retention.ms": str(7 * _DAY_MS)},
     "context.raw": {"retention.ms": str(7 * _DAY_MS)},
     "events.processed": {"retention.ms": str(7 * _DAY_MS)},
@@ -154,6 +157,10 @@ class EmbeddedBroker:
         controller_port: int | None = None,
         extra_config: Mapping[str, str] | None = None,
         security: BrokerSecurity | None = None,
+        node_id: int = 1,
+        quorum_voters: str | None = None,
+        cluster_id: str | None = None,
+        replication: int = 1,
     ) -> None:
         self.host = host
         self.port = int(port)
@@ -167,6 +174,12 @@ class EmbeddedBroker:
         self.extra_config = dict(extra_config or {})
         # SASL/SCRAM users and ACLs (spark_jobs/kafka/security.py); None: plaintext, open.
         self.security = security
+        # Cluster member (KafkaCluster): its node id, the static controller quorum
+        # (`1@host:port,2@...`) and the cluster id all members are formatted with.
+        self.node_id = int(node_id)
+        self.quorum_voters = quorum_voters
+        self.cluster_id = cluster_id
+        self.replication = int(replication)
         self._log_file: object | None = None
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -225,7 +238,31 @@ class EmbeddedBroker:
         }
         if self.security is not None:
             props.update(self.security.server_properties(self.host, self.port, cport))
+        if self.quorum_voters:
+            props.update(self._cluster_properties())
         props.update(self.extra_config)
+        return props
+
+    def _cluster_properties(self) -> dict[str, str]:
+        """A member of a static KRaft quorum: its id, the voters, and replicated internal
+        topics; client-created topics default to `replication` replicas and at least
+        replication - 1 in sync for an `acks=all` write."""
+        r = str(self.replication)
+        min_isr = str(max(1, self.replication - 1))
+        props = {
+            "node.id": str(self.node_id),
+            "controller.quorum.voters": str(self.quorum_voters),
+            "default.replication.factor": r,
+            "min.insync.replicas": min_isr,
+            "offsets.topic.replication.factor": r,
+            "transaction.state.log.replication.factor": r,
+            "transaction.state.log.min.isr": min_isr,
+            "share.coordinator.state.topic.replication.factor": r,
+            "share.coordinator.state.topic.min.isr": min_isr,
+            # A broker that comes back after a crash becomes leader again of what it led.
+            "auto.leader.rebalance.enable": "true",
+            "leader.imbalance.check.interval.seconds": "10",
+        }
         return props
 
     def _write_config(self) -> Path:
@@ -250,8 +287,14 @@ class EmbeddedBroker:
         if (self.data_dir / "log" / "meta.properties").is_file():
             return
         scram = self.security.format_args() if self.security is not None else []
-        cmd = self._java("kafka.tools.StorageTool", "format", "--standalone", "-t", new_cluster_id(),
-                         "-c", str(config), *scram, heap="128m")
+        # A static quorum (controller.quorum.voters) is formatted without --standalone,
+        # every member with the same cluster id.
+        quorum = [] if self.quorum_voters else ["--standalone"]
+        # `--cluster-id=ID` in one argument: an id may start with "-" (URL-safe base64),
+        # which the tool's parser takes for an option when it stands alone.
+        cmd = self._java("kafka.tools.StorageTool", "format", *quorum,
+                         f"--cluster-id={self.cluster_id or new_cluster_id()}", "-c", str(config), *scram,
+                         heap="128m")
         done = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
         if done.returncode != 0:
             raise BrokerError(f"formatting {self.data_dir / 'log'} failed: {(done.stdout + done.stderr)[-2000:]}")
@@ -262,22 +305,35 @@ class EmbeddedBroker:
         """Start the broker, wait until it answers Kafka requests, create the topics."""
         if self.is_running():
             return self
-        if port_in_use(self.host, self.port):
-            raise BrokerError(f"{self.bootstrap} is already in use (another broker running?)")
-        config = self._write_config()
-        self._format(config)
-        self._proc = self._spawn(config)
+        self.launch()
         try:
             self._wait_ready()
             admin_conf = self.security.client_config(self.security.admin) if self.security is not None else None
             if self.topics:
-                create_topics(self.bootstrap, topic_specs(self.topics, self.partitions), extra=admin_conf)
+                create_topics(self.bootstrap, topic_specs(self.topics, self.partitions, self.replication),
+                              extra=admin_conf)
             if self.security is not None:
                 self.security.apply_acls(self.bootstrap)
         except BaseException:
             self.stop()
             raise
         return self
+
+    def launch(self) -> EmbeddedBroker:
+        """Format (once) and spawn the JVM without waiting: a member of a quorum cannot
+        answer before a majority of its peers run, so a cluster launches all, then waits."""
+        if self.is_running():
+            return self
+        if port_in_use(self.host, self.port):
+            raise BrokerError(f"{self.bootstrap} is already in use (another broker running?)")
+        config = self._write_config()
+        self._format(config)
+        self._proc = self._spawn(config)
+        return self
+
+    def wait_ready(self) -> None:
+        """Block until this broker answers metadata requests (BrokerError if it died)."""
+        self._wait_ready()
 
     def _spawn(self, config: Path) -> subprocess.Popen[bytes]:
         self._log_path.parent.mkdir(parents=True, exist_ok=True)

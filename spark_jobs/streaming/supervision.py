@@ -1,6 +1,9 @@
-"""Supervision of the detection job: is it healthy, and does it need a restart?
+"""Supervision of the detection job on one host: is it healthy, does it need a restart?
 
-Pure logic behind the `detection_supervisor` DAG (plugins/rule_lifecycle/supervision.py):
+The `detection_supervisor` DAG no longer uses the file and pid parts of this module: it
+supervises across hosts through Kafka (spark_jobs.platform.control, `rulectl runner`)
+and takes only `SupervisorSettings`, `parse_time` and `summary` from here. `assess` and
+`request_restart` remain for a supervisor that shares the job's host:
 
 * `assess(status, now, ...)` judges one status snapshot (`<checkpoint>/status.json`,
   written by spark_jobs.streaming.job every ~0.5 s). A restart is the answer only when it
@@ -199,6 +202,20 @@ class SupervisorSettings:
     max_lag: int | None = None
     # False: say what would be done, never signal the job.
     restart_enabled: bool = True
+    # Supervision across hosts (dags/detection_supervisor.py, spark_jobs.platform.control):
+    # Airflow connections (Kafka provider) for reading the topics and for writing requests.
+    kafka_conn_id: str = "detect_kafka"
+    kafka_producer_conn_id: str = "detect_kafka_producer"
+    status_topic: str = "detect.status"
+    control_topic: str = "detect.control"
+    restarts_topic: str = "detect.restarts"
+    runner_stale_after_s: float = 60.0
+    # No batch for this long while the lag grows: stalled, restart.
+    stall_after_s: float = 120.0
+    # An unanswered restart request older than this may be asked again.
+    request_timeout_s: float = 600.0
+    # How long the run waits for the restarted job to report running.
+    restart_wait_s: float = 300.0
 
     def to_dict(self) -> dict:
         return asdict(self)

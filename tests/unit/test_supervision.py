@@ -182,9 +182,12 @@ def test_dag_imports_without_errors(tmp_path: Path) -> None:
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["errors"] == {}
     assert out["tasks"] == {
-        "check_health": ["alert", "decide", "restart_job"],  # XCom inputs; `decide` picks one
-        "decide": ["alert", "healthy", "restart_job"],
-        "restart_job": [],
+        "check_health": ["alert", "decide", "fail"],  # XCom inputs; `decide` picks one
+        "decide": ["alert", "fail", "healthy", "request_restart"],
+        "request_restart": ["await_restart"],  # the Kafka provider's operator and sensor
+        "await_restart": ["confirm_restart"],
+        "confirm_restart": [],
+        "fail": [],
         "alert": [],
         "healthy": [],
     }
