@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-import threading
 
-from spark_jobs.commands.signals import install_handlers as _install_handlers
-from spark_jobs.commands.signals import restore_handlers as _restore_handlers
+from spark_jobs.commands.signals import serve
 from spark_jobs.kafka.broker import DEFAULT_TOPICS, BrokerError, EmbeddedBroker
 
 
@@ -40,31 +38,15 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.brokers > 1:
         return _run_cluster(args)
-    stop = threading.Event()
     broker = EmbeddedBroker(port=args.port, host=args.host, topics=DEFAULT_TOPICS, partitions=args.partitions,
                             data_dir=args.data_dir)
-    previous = _install_handlers(stop)
-    try:
-        broker.start()
-    except BrokerError as exc:
-        print(f"rulectl broker: {exc}", file=sys.stderr)
-        _restore_handlers(previous)
-        return 1
-    try:
-        print(f"broker ready on {broker.bootstrap} (pid {broker.pid}, log in {broker.data_dir})", flush=True)
-        print(f"topics: {', '.join(DEFAULT_TOPICS)}", flush=True)
-        print("press Ctrl-C to stop", flush=True)
-        while not stop.wait(0.5):
-            if not broker.is_running():
-                print("rulectl broker: the broker process exited unexpectedly", file=sys.stderr)
-                return 1
-        print("stopping broker", flush=True)
-        return 0
-    finally:
-        broker.stop()
-        _restore_handlers(previous)
-
-
+    return serve(
+        "rulectl broker", broker, (BrokerError,),
+        lambda: [f"broker ready on {broker.bootstrap} (pid {broker.pid}, log in {broker.data_dir})",
+                 f"topics: {', '.join(DEFAULT_TOPICS)}"],
+        lambda: None if broker.is_running() else "the broker process exited unexpectedly",
+        "broker",
+    )
 
 
 def _run_cluster(args: argparse.Namespace) -> int:
@@ -74,32 +56,21 @@ def _run_cluster(args: argparse.Namespace) -> int:
     the node."""
     from spark_jobs.kafka.cluster import KafkaCluster
 
-    stop = threading.Event()
     cluster = KafkaCluster(args.data_dir, size=args.brokers, host=args.host, port=args.port,
                            controller_port=args.controller_port, partitions=args.partitions)
-    previous = _install_handlers(stop)
-    try:
-        cluster.start()
-    except BrokerError as exc:
-        print(f"rulectl broker: {exc}", file=sys.stderr)
-        _restore_handlers(previous)
-        return 1
-    try:
+    reported: set[int] = set()
+
+    def failure() -> str | None:
+        nonlocal reported
+        down = {n.node_id for n in cluster.nodes if not n.is_running()}
+        for node_id in sorted(down - reported):
+            print(f"rulectl broker: node {node_id} exited", file=sys.stderr, flush=True)
+        reported = down
+        return "every node exited" if len(down) == len(cluster.nodes) else None
+
+    def announce() -> list[str]:
         pids = ", ".join(f"node {n.node_id} pid {n.pid}" for n in cluster.nodes)
-        print(f"cluster ready on {cluster.bootstrap} ({pids}; logs in {cluster.data_dir})", flush=True)
-        print(f"topics (replication {cluster.replication}): {', '.join(cluster.topics)}", flush=True)
-        print("press Ctrl-C to stop", flush=True)
-        reported: set[int] = set()
-        while not stop.wait(0.5):
-            down = {n.node_id for n in cluster.nodes if not n.is_running()}
-            for node_id in sorted(down - reported):
-                print(f"rulectl broker: node {node_id} exited", file=sys.stderr, flush=True)
-            reported = down
-            if len(down) == len(cluster.nodes):
-                print("rulectl broker: every node exited", file=sys.stderr)
-                return 1
-        print("stopping cluster", flush=True)
-        return 0
-    finally:
-        cluster.stop()
-        _restore_handlers(previous)
+        return [f"cluster ready on {cluster.bootstrap} ({pids}; logs in {cluster.data_dir})",
+                f"topics (replication {cluster.replication}): {', '.join(cluster.topics)}"]
+
+    return serve("rulectl broker", cluster, (BrokerError,), announce, failure, "cluster")

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-import threading
 
-from spark_jobs.commands.signals import install_handlers, restore_handlers
+from spark_jobs.commands.signals import serve
 from spark_jobs.platform.spark_cluster import LocalSparkCluster, SparkClusterError
 
 
@@ -34,28 +33,13 @@ def run(args: argparse.Namespace) -> int:
     if args.workers < 1:
         print("rulectl cluster: --workers must be at least 1", file=sys.stderr)
         return 2
-    stop = threading.Event()
     cluster = LocalSparkCluster(args.work_dir, workers=args.workers, host=args.host, port=args.port,
                                 webui_port=args.webui_port, worker_cores=args.worker_cores,
                                 worker_memory=args.worker_memory)
-    previous = install_handlers(stop)
-    try:
-        cluster.start()
-    except SparkClusterError as exc:
-        print(f"rulectl cluster: {exc}", file=sys.stderr)
-        restore_handlers(previous)
-        return 1
-    try:
-        print(f"spark master {cluster.master_url} (UI {cluster.ui_url}), {len(cluster.workers)} workers "
-              f"(logs in {cluster.work_dir})", flush=True)
-        print(f"run the job on it: rulectl detect --master {cluster.master_url}", flush=True)
-        print("press Ctrl-C to stop", flush=True)
-        while not stop.wait(0.5):
-            if not cluster.master.alive():
-                print("rulectl cluster: the master exited unexpectedly", file=sys.stderr)
-                return 1
-        print("stopping cluster", flush=True)
-        return 0
-    finally:
-        cluster.stop()
-        restore_handlers(previous)
+    return serve(
+        "rulectl cluster", cluster, (SparkClusterError,),
+        lambda: [f"spark master {cluster.master_url} (UI {cluster.ui_url}), {len(cluster.workers)} workers "
+                 f"(logs in {cluster.work_dir})", f"run the job on it: rulectl detect --master {cluster.master_url}"],
+        lambda: None if cluster.master.alive() else "the master exited unexpectedly",
+        "cluster",
+    )

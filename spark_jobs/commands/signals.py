@@ -7,9 +7,11 @@ winds down (stop children, flush producers) and exits 0 instead of dying mid-wri
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 from collections.abc import Callable
 from types import FrameType
+from typing import Protocol
 
 Handler = Callable[[int, FrameType | None], None]
 
@@ -31,3 +33,40 @@ def install_handlers(stop: threading.Event, handler: Handler | None = None) -> d
 def restore_handlers(previous: dict[int, object]) -> None:
     for sig, old in previous.items():
         signal.signal(sig, old)  # type: ignore[arg-type]
+
+
+class Service(Protocol):
+    def start(self) -> object: ...
+
+    def stop(self) -> None: ...
+
+
+def serve(command: str, service: Service, errors: tuple[type[BaseException], ...],
+          announce: Callable[[], list[str]], failure: Callable[[], str | None], what: str) -> int:
+    """The foreground life of `rulectl broker` and `rulectl cluster`: start `service` (a
+    start error in `errors` is printed, exit 1), print `announce()`, then wait for
+    Ctrl-C/SIGTERM (exit 0) unless `failure()` names a reason to give up (exit 1); the
+    service is stopped either way once it started."""
+    stop = threading.Event()
+    previous = install_handlers(stop)
+    try:
+        try:
+            service.start()
+        except errors as exc:
+            print(f"{command}: {exc}", file=sys.stderr)
+            return 1
+        try:
+            for line in announce():
+                print(line, flush=True)
+            print("press Ctrl-C to stop", flush=True)
+            while not stop.wait(0.5):
+                reason = failure()
+                if reason:
+                    print(f"{command}: {reason}", file=sys.stderr)
+                    return 1
+            print(f"stopping {what}", flush=True)
+            return 0
+        finally:
+            service.stop()
+    finally:
+        restore_handlers(previous)
