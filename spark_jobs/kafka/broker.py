@@ -364,8 +364,10 @@ class EmbeddedBroker:
         assert self.security is not None
         port = free_port(self.host)
         listeners = self.security.server_properties(self.host, self.port, self._controller_port())
+        # Advertised too: a client gets the brokers of the listener it connected to.
         extra = {
             "listeners": f"{listeners['listeners']},MIGRATE://{self.host}:{port}",
+            "advertised.listeners": f"{listeners['advertised.listeners']},MIGRATE://{self.host}:{port}",
             "listener.security.protocol.map": f"{listeners['listener.security.protocol.map']},MIGRATE:PLAINTEXT",
         }
         self._proc = self._spawn(self._write_config(extra))
@@ -385,8 +387,10 @@ class EmbeddedBroker:
                     if admin.list_topics(timeout=1.0).brokers:
                         break
                 except Exception:  # noqa: BLE001 - not listening yet
-                    if time.monotonic() > deadline:
-                        raise
+                    pass
+                if time.monotonic() > deadline:
+                    raise BrokerError(f"adding SCRAM users to {self.data_dir}: broker not ready in "
+                                      f"{self.startup_timeout}s: {self._log_tail()}")
                 time.sleep(0.2)
             info = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192)
             ups = [UserScramCredentialUpsertion(u, info, pw.encode()) for u, pw in self.security.passwords.items()]

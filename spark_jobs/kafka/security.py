@@ -32,6 +32,7 @@ the one place client configurations are built.
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -41,6 +42,12 @@ MECHANISM = "SCRAM-SHA-512"
 RULES_TOPIC = "rules.active"
 USERS = ("admin", "publisher", "detector", "supervisor", "producer", "reader")
 ALL = "*"  # an ACL on every topic (a literal "*" resource name in Kafka)
+
+# librdkafka's own log lines of the admin clients here (a background queue purged at
+# close) are noise on a user's terminal: routed to a logger that drops them.
+_QUIET = logging.getLogger("spark_jobs.kafka.security.admin")
+_QUIET.addHandler(logging.NullHandler())
+_QUIET.propagate = False
 
 
 @dataclass
@@ -140,7 +147,7 @@ class BrokerSecurity:
             ResourceType,
         )
 
-        admin = AdminClient({"bootstrap.servers": bootstrap, **self.client_config(self.admin)})
+        admin = AdminClient({"bootstrap.servers": bootstrap, "logger": _QUIET, **self.client_config(self.admin)})
         bindings = []
         for user, op, rtype, name in self.acls():
             literal = name != "*"
@@ -162,7 +169,7 @@ class BrokerSecurity:
             UserScramCredentialUpsertion,
         )
 
-        admin = AdminClient({"bootstrap.servers": bootstrap, **self.client_config(self.admin)})
+        admin = AdminClient({"bootstrap.servers": bootstrap, "logger": _QUIET, **self.client_config(self.admin)})
         info = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192)
         ups = [UserScramCredentialUpsertion(u, info, pw.encode()) for u, pw in self.passwords.items()
                if u != self.admin]
