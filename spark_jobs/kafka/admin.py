@@ -13,6 +13,7 @@ SASL/SCRAM, and into nothing on a plaintext broker.
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Iterable, Mapping
@@ -22,6 +23,10 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from spark_jobs.kafka.client_config import with_bootstrap
+
+_QUIET = logging.getLogger("spark_jobs.kafka.admin.probe")
+_QUIET.addHandler(logging.NullHandler())
+_QUIET.propagate = False
 
 # librdkafka timestamp types -> Spark's `timestampType` column (Kafka's TimestampType ids).
 SPARK_TIMESTAMP_TYPE = {0: -1, 1: 0, 2: 1}
@@ -184,8 +189,12 @@ def watermarks(bootstrap: str, topic: str, timeout: float = 10.0, role: str | No
 
 
 def probe_consumer(bootstrap: str, extra: Mapping[str, object] | None = None, role: str | None = None) -> Consumer:
-    """A consumer for offset look-ups (`end_offsets`); it never fetches records."""
-    return assign_consumer(bootstrap, {"enable.partition.eof": True, **(extra or {})}, role)
+    """A consumer for offset look-ups (`end_offsets`); it never fetches records.
+
+    It lives for one look-up: closed while its group-coordinator connection is still in
+    its SASL handshake, librdkafka logs an authentication error that is none; its log
+    goes to a logger that drops it, off the user's terminal (`rulectl tail`)."""
+    return assign_consumer(bootstrap, {"enable.partition.eof": True, "logger": _QUIET, **(extra or {})}, role)
 
 
 def read_all(bootstrap: str, topic: str, timeout: float = 30.0, role: str | None = None,
