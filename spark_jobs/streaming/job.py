@@ -45,6 +45,7 @@ from spark_jobs.engine.detections import detection_id, detection_value, head_of
 from spark_jobs.engine.events import classify
 from spark_jobs.engine.velocity import velocity_members
 from spark_jobs.kafka import admin
+from spark_jobs.kafka.client_config import with_bootstrap
 from spark_jobs.kafka.spark_io import read_stream, write_stream
 from spark_jobs.rules.model import job_watermark_delay_s
 from spark_jobs.streaming.compiled import RuleRow, fan_out, read_snapshot, rows_of
@@ -56,6 +57,11 @@ from spark_jobs.streaming.rules_source import RULE_DEFS
 log = logging.getLogger(__name__)
 
 STATE_STORE = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+
+
+# The principal the job's every Kafka client acts as (spark_jobs/kafka/security.py):
+# reads every topic, writes its outputs, may not write rules.active.
+ROLE = "detector"
 
 
 @dataclass
@@ -154,6 +160,7 @@ def _input(spark: SparkSession, cfg: DetectConfig, topics: list[str], min_partit
         # parsing and the rule join use every core.
         min_partitions=min_partitions or None,
         options=None if cfg.fail_on_data_loss else {"failOnDataLoss": "false"},
+        role=ROLE,
     )
     # Routed velocity emits carry the original topic and arrival position in their key.
     routed = F.col("topic") == F.lit(ROUTED_TOPIC)
@@ -347,7 +354,7 @@ class StatusReporter:
         # restarted it.
         self.in_force: Compiled | None = None
         self.rule_reloads = 0
-        self._producer = Producer({"bootstrap.servers": cfg.bootstrap, "linger.ms": 5})
+        self._producer = Producer(with_bootstrap(cfg.bootstrap, ROLE, {"linger.ms": 5}))
 
     def snapshot(self) -> dict:
         rules = self.registry.current()
@@ -490,7 +497,7 @@ def _start_query(spark: SparkSession, cfg: DetectConfig, delay: float, topics: l
     plan = build(spark, cfg, delay, topics, rows, key_buckets(cfg), min_partitions=2 * _cores(spark),
                  quarantined=quarantine.active_ranges())
     query = (
-        write_stream(plan, cfg.bootstrap)
+        write_stream(plan, cfg.bootstrap, role=ROLE)
         .option("checkpointLocation", str(cfg.checkpoint / "query"))
         .trigger(processingTime=f"{cfg.trigger_ms} milliseconds")
         .queryName("detections")
@@ -513,9 +520,9 @@ def run(cfg: DetectConfig, stop: threading.Event | None = None) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
     admin.create_topics(cfg.bootstrap, [cfg.sink_topic, cfg.dead_letter_topic, cfg.status_topic, ROUTED_TOPIC,
-                                        cfg.rules_topic])
-    dlq = Producer({"bootstrap.servers": cfg.bootstrap})
-    registry = RuleRegistry(cfg.bootstrap, cfg.state_dir, cfg.rules_topic,
+                                        cfg.rules_topic], role=ROLE)
+    dlq = Producer(with_bootstrap(cfg.bootstrap, ROLE))
+    registry = RuleRegistry(cfg.bootstrap, cfg.state_dir, cfg.rules_topic, role=ROLE,
                             on_problem=lambda p: report_rule_problem(cfg, dlq, p))
     registry.start()
     delay = job_watermark_delay_s(list(registry.current().rules.values()))
