@@ -19,7 +19,7 @@ from pyspark.sql import functions as F
 from reference_engine import compare, get_path, parse_event, parse_number
 
 from spark_jobs.engine.events import classify
-from spark_jobs.streaming.compiled import rows_of
+from spark_jobs.streaming.compiled import fan_out, rows_of
 from spark_jobs.streaming.job import threshold_rows
 from spark_jobs.streaming.registry import ROUTED_TOPIC
 
@@ -96,6 +96,16 @@ def _reference(rule_list: list[dict], evs: list[tuple[str, str]]) -> tuple[set, 
     return passed, skipped
 
 
+def _compiled_input(spark, tmp_path_factory, rule_list: list[dict], evs: list[tuple[str, str]]):
+    """The rule rows compiled from `rule_list`, and `evs` as the job's classified input."""
+    rows = rows_of({r["rule_id"]: r for r in rule_list}, ROUTED_TOPIC, tmp_path_factory.mktemp("defs"))
+    raw = spark.createDataFrame([(seq, topic, text) for seq, (topic, text) in enumerate(evs)],
+                                "seq long, topic string, raw string").select(
+        F.col("topic").alias("in_topic"), "topic", "seq", F.lit(None).cast("string").alias("route_from"), "raw",
+        F.lit(1767600000000).cast("long").alias("proc_ms"))
+    return rows, classify(raw)
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                                                    HealthCheck.function_scoped_fixture])
 @given(rule_list=rules(), evs=events())
@@ -108,14 +118,10 @@ def _reference(rule_list: list[dict], evs: list[tuple[str, str]]) -> tuple[set, 
                      "conditions": [{"field": "type", "operator": "==", "value": "a"}]}],
          evs=[("e", '{"type": "a", "n": 5, "m": 0}'), ("e", '{"type": "a", "n": 5, "m": 2}'), ("f", '{"type": "a"}')])
 def test_compiled_rules_pass_what_the_reference_passes(spark, tmp_path_factory, rule_list, evs):
-    rows = rows_of({r["rule_id"]: r for r in rule_list}, ROUTED_TOPIC, tmp_path_factory.mktemp("defs"))
-    raw = spark.createDataFrame([(seq, topic, text) for seq, (topic, text) in enumerate(evs)],
-                                "seq long, topic string, raw string").select(
-        F.col("topic").alias("in_topic"), "topic", "seq", F.lit(None).cast("string").alias("route_from"), "raw",
-        F.lit(1767600000000).cast("long").alias("proc_ms"))
+    rows, raw = _compiled_input(spark, tmp_path_factory, rule_list, evs)
     # threshold_rows drops the skipped rows after counting them (observed metric); the
     # rows before that step are the compiled fan-out itself.
-    out = threshold_rows(classify(raw), rows)
+    out = threshold_rows(raw, rows)
     got = {(r["seq"], r["rule_id"]) for r in out.collect() if r["rule_id"] is not None}
     dead = {r["seq"] for r in out.collect() if r["rule_id"] is None}
     passed, _ = _reference(rule_list, evs)
@@ -127,13 +133,7 @@ def test_compiled_rules_pass_what_the_reference_passes(spark, tmp_path_factory, 
                                                                    HealthCheck.function_scoped_fixture])
 @given(rule_list=rules(), evs=events())
 def test_compiled_rules_count_the_values_they_cannot_read(spark, tmp_path_factory, rule_list, evs):
-    from spark_jobs.streaming.compiled import fan_out
-
-    rows = rows_of({r["rule_id"]: r for r in rule_list}, ROUTED_TOPIC, tmp_path_factory.mktemp("defs"))
-    raw = spark.createDataFrame([(seq, topic, text) for seq, (topic, text) in enumerate(evs)],
-                                "seq long, topic string, raw string").select(
-        F.col("topic").alias("in_topic"), "topic", "seq", F.lit(None).cast("string").alias("route_from"), "raw",
-        F.lit(1767600000000).cast("long").alias("proc_ms"))
-    out = fan_out(classify(raw), rows).filter(F.col("_skip").isNotNull()).select("seq", "rule_id").collect()
+    rows, raw = _compiled_input(spark, tmp_path_factory, rule_list, evs)
+    out = fan_out(raw, rows).filter(F.col("_skip").isNotNull()).select("seq", "rule_id").collect()
     _, skipped = _reference(rule_list, evs)
     assert {(r["seq"], r["rule_id"]) for r in out} == skipped
