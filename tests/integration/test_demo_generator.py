@@ -117,9 +117,10 @@ def test_replay_produces_exactly_the_demo_history_shifted_to_now(kafka_broker) -
         return sorted((_parse_ts(d["timestamp"]) - t0, rest(d)) for d in docs)
 
     assert shape(got_events + got_context) == shape(ref_events + ref_context)
-    # demo_history(start) puts its first record 1 s after start, and start is "now".
+    # demo_history(start) puts its first record 1 s after start, and start is "now" (the
+    # generator's own start: its process took up to 5.6 s to get there on a loaded machine).
     got_first = min(_parse_ts(d["timestamp"]) for d in got_events + got_context)
-    assert timedelta(0) <= got_first - started < timedelta(seconds=5), (got_first, started)
+    assert timedelta(0) <= got_first - started < timedelta(seconds=30), (got_first, started)
 
 
 def test_replay_keeps_each_recordings_order_and_paces_by_event_time() -> None:
