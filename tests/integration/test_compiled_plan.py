@@ -106,7 +106,7 @@ def _compiled_input(spark, tmp_path_factory, rule_list: list[dict], evs: list[tu
     return rows, classify(raw)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                                                    HealthCheck.function_scoped_fixture])
 @given(rule_list=rules(), evs=events())
 # Routed rules (`type == "a"`) with more than one other condition: every one is checked.
