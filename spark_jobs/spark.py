@@ -3,8 +3,11 @@
 UTC session time zone: ISO timestamps without an offset are UTC (DESIGN.md).
 PYSPARK_PYTHON: workers must run the project's interpreter, or they miss
 pandas/pyarrow/protobuf that transformWithState needs.
-spark.jars: Spark's own Kafka connector, resolved by Maven (`spark_jobs.jvm`), as local
-paths (Spark's --packages/Ivy ignores Maven's mirror settings).
+spark.jars: Spark's own Kafka connector and Delta Lake, resolved by Maven
+(`spark_jobs.jvm`), as local paths (Spark's --packages/Ivy ignores Maven's mirror
+settings). Delta's SQL extension and catalog are set with them, so the event archive
+(`spark_jobs.archive`) is readable and writable as `delta` (and `OPTIMIZE`/`VACUUM`
+parse) in every session the platform builds.
 """
 
 from __future__ import annotations
@@ -22,11 +25,18 @@ DEFAULT_MASTER = "local[2]"
 # slower (JFR: most samples in `generate_doConsume_0`). This lets the JIT compile them.
 JVM_OPTIONS = "-XX:-DontCompileHugeMethods"
 
+# Delta Lake's hooks into Spark SQL (its jar is in the `spark` jar module).
+DELTA_CONF = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+}
+
 
 def session(app_name: str, master: str | None = None, shuffle_partitions: int = 2, extra: dict | None = None,
             kafka: bool = True) -> SparkSession:
-    """The session the jobs use; `kafka` adds Spark's Kafka connector to it (resolving
-    the jars with Maven the first time)."""
+    """The session the jobs use; `kafka` adds the platform's jars to it (Spark's Kafka
+    connector and Delta Lake, with Delta's SQL extension and catalog), resolving them
+    with Maven the first time."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name)
@@ -53,6 +63,7 @@ def session(app_name: str, master: str | None = None, shuffle_partitions: int = 
         from spark_jobs.jvm import spark_jars
 
         conf["spark.jars"] = spark_jars()
+        conf.update(DELTA_CONF)
     conf.update(extra or {})
     for side in ("driver", "executor"):
         key = f"spark.{side}.extraJavaOptions"
