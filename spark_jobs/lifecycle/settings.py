@@ -159,4 +159,7 @@ def run_settings(params: Mapping, model: type | None = None, *, use_airflow: boo
     base = resolve_settings(use_airflow=use_airflow)
     if "history_inputs" in extra:
         extra["history_inputs"] = p.resolve_history_inputs(base.history_root, extra["history_inputs"])
+        # A run that names its history files means those files, archive or not.
+        if base.history_source == "auto":
+            extra["history_source"] = "files"
     return resolve_settings({**base.to_dict(), **extra}, use_airflow=False)
