@@ -221,13 +221,15 @@ def suite_specs(fields: TopicFields, window_ms: tuple[int, int] | None, spark: b
                                 f"key field '{use.field}' is not null{why}")
             )
         elif spark:
-            present = f"`{SparkDialect.column(use.field)}` IS NOT NULL"
+            # Among the records where the engine reads no number, the value must be
+            # missing: what is there instead is the unexpected value (shown as a sample).
+            no_number = f"`{SparkDialect.number_column(use.field)}` IS NULL"
             cond = scope.get("row_condition")
             specs.append(
                 ExpectationSpec(
-                    "ExpectColumnValuesToNotBeNull",
-                    {"column": SparkDialect.number_column(use.field), "condition_parser": "spark",
-                     "row_condition": f"{present} AND ({cond})" if cond else present},
+                    "ExpectColumnValuesToBeNull",
+                    {"column": SparkDialect.column(use.field), "condition_parser": "spark",
+                     "row_condition": f"{no_number} AND ({cond})" if cond else no_number},
                     f"value field '{use.field}' holds numbers{why}",
                 )
             )
