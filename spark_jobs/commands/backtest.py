@@ -35,6 +35,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--only", action="append", metavar="RULE_ID", help="backtest only these rules (repeatable)")
 
 
+def join_relative_times(argv: list[str]) -> list[str]:
+    """`--from -1h` -> `--from=-1h`: argparse reads a value starting with `-` that is not
+    a plain number as an option, so the relative times would need `=`."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        if argv[i] in ("--from", "--to") and i + 1 < len(argv) and argv[i + 1].startswith("-"):
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("backtest", help="backtest rules over recorded topics on Spark")
     add_arguments(p)
