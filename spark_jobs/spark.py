@@ -32,6 +32,48 @@ DELTA_CONF = {
 }
 
 
+REMOTE_ENV = "SPARK_REMOTE"
+DEFAULT_CONNECT_PORT = 15002
+
+
+def remote_session(url: str) -> SparkSession:
+    """A Spark Connect session on a running server (`rulectl connect`): no JVM start-up
+    here, and the server's JIT is already warm (README: a backtest's fixed cost)."""
+    return SparkSession.builder.remote(url).getOrCreate()
+
+
+def connect_server_argv(port: int = DEFAULT_CONNECT_PORT, master: str = DEFAULT_MASTER,
+                        extra: dict | None = None) -> list[str]:
+    """spark-submit of the pyspark package's Spark Connect server with the platform's
+    session settings (jars, Delta, UTC, the JIT option): what `rulectl connect` runs."""
+    from pathlib import Path
+
+    import pyspark
+
+    from spark_jobs.jvm import spark_jars
+
+    conf = {
+        "spark.jars": spark_jars(),
+        **DELTA_CONF,
+        "spark.connect.grpc.binding.address": "127.0.0.1",
+        "spark.connect.grpc.binding.port": str(port),
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.shuffle.partitions": "2",
+        "spark.ui.enabled": "false",
+        "spark.sql.adaptive.enabled": "true",
+        "spark.python.sql.dataFrameDebugging.enabled": "false",
+        "spark.driver.memory": os.environ.get("SPARK_DRIVER_MEMORY", "4g"),
+        "spark.driver.extraJavaOptions": JVM_OPTIONS,
+        "spark.executor.extraJavaOptions": JVM_OPTIONS,
+        **(extra or {}),
+    }
+    argv = [str(Path(pyspark.__file__).parent / "bin" / "spark-submit"), "--master", master,
+            "--class", "org.apache.spark.sql.connect.service.SparkConnectServer"]
+    for k, v in conf.items():
+        argv += ["--conf", f"{k}={v}"]
+    return [*argv, "spark-internal"]
+
+
 def session(app_name: str, master: str | None = None, shuffle_partitions: int = 2, extra: dict | None = None,
             kafka: bool = True) -> SparkSession:
     """The session the jobs use; `kafka` adds the platform's jars to it (Spark's Kafka

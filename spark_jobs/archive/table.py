@@ -74,10 +74,16 @@ def seq_column() -> Column:
 
 
 def exists(spark: SparkSession, table: str) -> bool:
-    """Whether `table` is a Delta table (has a transaction log)."""
-    from delta.tables import DeltaTable
+    """Whether `table` is a Delta table. Asked of Spark, not of a local file system or
+    DeltaTable's JVM handle: it works the same on a Spark Connect session, whose server
+    may see other paths than this process."""
+    from pyspark.errors import AnalysisException
 
-    return DeltaTable.isDeltaTable(spark, table)
+    try:
+        spark.read.format("delta").load(table).schema  # noqa: B018 - resolves the table
+    except AnalysisException:
+        return False
+    return True
 
 
 _RELATIVE = re.compile(r"^\s*-\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")

@@ -32,6 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="event field used as processing time for processing_time rules (default: timestamp)")
     p.add_argument("--sink-topic", default="events.processed")
     p.add_argument("--master", default=None, help="Spark master (default local[2])")
+    p.add_argument("--remote", default=None, metavar="sc://HOST:PORT",
+                   help="run on a Spark Connect server (`rulectl connect`; default: $SPARK_REMOTE, else a local session)")
     p.add_argument("--only", action="append", metavar="RULE_ID", help="backtest only these rules (repeatable)")
 
 
@@ -74,9 +76,12 @@ def run(args: argparse.Namespace) -> int:
         for err in exc.errors:
             print(f"ERROR {err}", file=sys.stderr)
         return 1
-    from spark_jobs.spark import session
+    import os
 
-    spark = session("rulectl-backtest", master=args.master)
+    from spark_jobs.spark import REMOTE_ENV, remote_session, session
+
+    remote = args.remote or os.environ.get(REMOTE_ENV)
+    spark = remote_session(remote) if remote else session("rulectl-backtest", master=args.master)
     cfg = BacktestConfig(args.rules, inputs, args.out, args.time_field, args.sink_topic, args.only, history)
     try:
         summary = run_backtest(spark, cfg)

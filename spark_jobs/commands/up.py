@@ -53,6 +53,7 @@ from spark_jobs.commands.signals import install_handlers
 from spark_jobs.commands.signals import restore_handlers as _restore_handlers
 from spark_jobs.platform.identity import AUTH_MANAGER, DEMO_USERS
 from spark_jobs.platform.launcher import BrokerComponent, ChildSpec, RestartPolicy, Supervisor
+from spark_jobs.spark import DEFAULT_CONNECT_PORT
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DETECT_RESTART = RestartPolicy(max_restarts=5, window_s=600.0, backoff_s=2.0, max_backoff_s=30.0)
@@ -88,6 +89,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--no-archive", action="store_true", help="do not start the event archive job (rulectl archive)"
+    )
+    p.add_argument(
+        "--no-connect",
+        action="store_true",
+        help="do not start the Spark Connect server for backtests (rulectl connect, port 15002)",
     )
     p.add_argument("--trigger-ms", type=int, default=None, help="detection job micro-batch trigger interval")
     p.add_argument(
@@ -245,6 +251,33 @@ def archive_spec(bootstrap: str, paths: Paths) -> ChildSpec:
         ready=lambda: paths.archive_status_file.exists(),
         ready_message=f"event archive running (table: {paths.archive_table})",
     )
+
+
+def connect_spec(bootstrap: str, paths: Paths, port: int = DEFAULT_CONNECT_PORT) -> ChildSpec:
+    """A warm Spark for backtests (`rulectl backtest --remote sc://127.0.0.1:PORT`): no
+    JVM start-up per backtest, and a JIT that has seen the engine's plans before."""
+    return ChildSpec(
+        name="connect",
+        argv=rulectl_argv("connect", "--port", str(port)),
+        env=base_env(bootstrap, paths),
+        cwd=paths.workdir,
+        log_path=paths.logs / "connect.log",
+        stop_signal=signal.SIGTERM,
+        stop_timeout=30.0,
+        restart=DETECT_RESTART,
+        ready=lambda: _port_open("127.0.0.1", port),
+        ready_message=f"Spark Connect server on sc://127.0.0.1:{port} (rulectl backtest --remote)",
+    )
+
+
+def _port_open(host: str, port: int) -> bool:
+    import socket
+
+    try:
+        socket.create_connection((host, port), 0.5).close()
+    except OSError:
+        return False
+    return True
 
 
 def demo_spec(args: argparse.Namespace, bootstrap: str, paths: Paths) -> ChildSpec:
@@ -497,6 +530,8 @@ def plan(
         specs.append(detect_spec(args, bootstrap, paths))
     if not args.no_archive:
         specs.append(archive_spec(bootstrap, paths))
+    if not args.no_connect:
+        specs.append(connect_spec(bootstrap, paths))
     if not args.no_demo:
         specs.append(demo_spec(args, bootstrap, paths))
     if not args.no_airflow:
@@ -697,6 +732,11 @@ def _banner(
         lines.append(
             f"  archive    rulectl archive, pid {procs['archive']['pid']}: events into {paths.archive_table} (Delta); "
             f"log {paths.logs / 'archive.log'}"
+        )
+    if "connect" in procs:
+        lines.append(
+            f"  backtests  Spark Connect on sc://127.0.0.1:{DEFAULT_CONNECT_PORT}: rulectl backtest --remote "
+            f"sc://127.0.0.1:{DEFAULT_CONNECT_PORT} --history {paths.archive_table} --from -1h ..."
         )
     if "demo" in procs:
         lines.append(

@@ -93,10 +93,10 @@ def test_plan_starts_detect_demo_airflow_in_that_order_with_workdir_paths(tmp_pa
     paths = up.Paths(tmp_path)
     specs = up.plan(args, "127.0.0.1:19092", paths, "/opt/bin/airflow")
     assert [s.name for s in specs] == [
-        "detect", "archive", "demo", "airflow-api-server", "airflow-scheduler", "airflow-dag-processor",
+        "detect", "archive", "connect", "demo", "airflow-api-server", "airflow-scheduler", "airflow-dag-processor",
         "airflow-triggerer",
     ]
-    detect, archive, demo, airflow = specs[:4]
+    detect, archive, connect, demo, airflow = specs[:5]
 
     argv = list(detect.argv)
     assert argv[argv.index("--bootstrap") + 1] == "127.0.0.1:19092"
@@ -122,10 +122,13 @@ def test_plan_starts_detect_demo_airflow_in_that_order_with_workdir_paths(tmp_pa
     archive.before_start()
     assert not archive.ready()
 
+    # A warm Spark for backtests (Spark Connect), restarted like the jobs.
+    assert list(connect.argv)[-3:] == ["connect", "--port", "15002"] and connect.restart is not None
+
     assert "--forever" in demo.argv and demo.restart is None
 
     # Not `airflow standalone`: it would force the simple auth manager.
-    assert [list(x.argv) for x in specs[3:]] == [
+    assert [list(x.argv) for x in specs[4:]] == [
         ["/opt/bin/airflow", c] for c in ("api-server", "scheduler", "dag-processor", "triggerer")
     ]
     assert airflow.ready is not None and airflow.on_ready is None
@@ -150,8 +153,8 @@ def test_plan_starts_detect_demo_airflow_in_that_order_with_workdir_paths(tmp_pa
     assert env["RULE_LIFECYCLE_BOOTSTRAP"] == "127.0.0.1:19092"
     assert env["RULES_ARCHIVE_TABLE"] == str(paths.archive_table)
 
-    no_extras = build_parser().parse_args(["up", "--no-airflow", "--no-demo", "--no-archive", "--workdir",
-                                           str(tmp_path)])
+    no_extras = build_parser().parse_args(["up", "--no-airflow", "--no-demo", "--no-archive", "--no-connect",
+                                           "--workdir", str(tmp_path)])
     assert [s.name for s in up.plan(no_extras, "127.0.0.1:9092", paths, None)] == ["detect"]
     with pytest.raises(ValueError, match="airflow is not installed"):
         up.plan(build_parser().parse_args(["up"]), "127.0.0.1:9092", paths, None)
