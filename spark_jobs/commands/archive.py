@@ -12,10 +12,19 @@ from pathlib import Path
 from spark_jobs.archive.job import DEFAULT_TOPICS, ArchiveConfig
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    from spark_jobs.lifecycle.settings import resolve_settings
+def _settings() -> object:
+    """The lifecycle settings for defaults (table, time field, retention); a bad
+    environment value must not break every other rulectl command's parser."""
+    from spark_jobs.lifecycle.settings import LifecycleSettings, resolve_settings
 
-    s = resolve_settings(use_airflow=False)
+    try:
+        return resolve_settings(use_airflow=False)
+    except (ValueError, TypeError):
+        return LifecycleSettings()
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    s = _settings()
     p = sub.add_parser("archive", help="archive the event topics into a Delta Lake table (until SIGTERM)")
     p.add_argument("--bootstrap", default="127.0.0.1:9092")
     p.add_argument("--table", default=s.archive_table, help=f"Delta table path (default: {s.archive_table})")
