@@ -8,7 +8,7 @@ configuration (AIRFLOW_HOME, database URL) cannot leak into other tests.
 Environment (all optional):
 - AIRFLOW_TEST_PG: PostgreSQL server URL without database
   (default postgresql+psycopg2://postgres@127.0.0.1:5432);
-- AIRFLOW_TEST_DB: database name (default airflow_rules_test), dropped and recreated;
+- AIRFLOW_TEST_DB: database name (default airflow_rules_test, + `_gwN` under pytest-xdist), dropped and recreated;
 - CHROMIUM: the browser binary (default /usr/bin/chromium).
 
 Import the fixtures in a test module: `from airflow_fixtures import airflow_env  # noqa: F401`.
@@ -39,7 +39,9 @@ ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
 AIRFLOW = str(VENV_BIN / "airflow")
 PG_URL = os.environ.get("AIRFLOW_TEST_PG", "postgresql+psycopg2://postgres@127.0.0.1:5432")
-DB_NAME = os.environ.get("AIRFLOW_TEST_DB", "airflow_rules_test")
+# One database per pytest-xdist worker: each worker drops and recreates its own.
+DB_NAME = os.environ.get("AIRFLOW_TEST_DB", "airflow_rules_test") + (
+    f"_{os.environ['PYTEST_XDIST_WORKER']}" if os.environ.get("PYTEST_XDIST_WORKER") else "")
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 # Real FAB users, one per platform role (spark_jobs/platform/identity.py). Rita authors
 # the test commits (rita@example.com), so four eyes let Alice approve them but not Rita

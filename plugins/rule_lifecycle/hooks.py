@@ -13,8 +13,11 @@ class RulesTopicHook(KafkaBaseHook):
     """Publish rules to, and read the live rule set from, the rules topic.
 
     Connection: an Apache Kafka connection (like the Kafka provider's hooks) whose extra
-    holds `bootstrap.servers`. When the connection does not exist the hook uses the
-    `bootstrap` it was given, so the embedded setup works without any configuration.
+    holds `bootstrap.servers` and, on a broker with SASL, the `publisher` principal's
+    `security.protocol`/`sasl.*` settings. When the connection does not exist the hook
+    uses the `bootstrap` it was given and the process's Kafka settings
+    (`spark_jobs.kafka.client_config`: `KAFKA_CREDENTIALS_FILE`, as `rulectl up` sets
+    it), so the embedded setup works without any configuration.
 
     :param kafka_config_id: Airflow connection id of the Kafka cluster.
     :param bootstrap: fallback bootstrap servers when the connection is not defined.
@@ -35,12 +38,25 @@ class RulesTopicHook(KafkaBaseHook):
         self.fallback_bootstrap = bootstrap
         self.topic = topic
 
+    def _connection(self) -> Any:
+        try:
+            return self.get_connection(self.kafka_config_id)
+        except AirflowNotFoundException:
+            return None
+
+    @property
+    def client_security(self) -> dict[str, Any] | None:
+        """The connection's security settings (`security.*`, `sasl.*`, `ssl.*` of its
+        extra), None without a connection: then the process's settings apply."""
+        conn = self._connection()
+        if conn is None:
+            return None
+        extra = conn.extra_dejson or {}
+        return {k: v for k, v in extra.items() if k.split(".", 1)[0] in ("security", "sasl", "ssl")} or None
+
     @property
     def bootstrap(self) -> str:
-        try:
-            conn = self.get_connection(self.kafka_config_id)
-        except AirflowNotFoundException:
-            conn = None
+        conn = self._connection()
         if conn is not None:
             servers = (conn.extra_dejson or {}).get("bootstrap.servers")
             if servers:
@@ -55,7 +71,7 @@ class RulesTopicHook(KafkaBaseHook):
         """rule_id -> the newest rule document on the topic (what the live job runs)."""
         from spark_jobs.kafka.publisher import current_rules
 
-        return current_rules(self.bootstrap, self.topic)
+        return current_rules(self.bootstrap, self.topic, client=self.client_security)
 
     def publish(self, rules: list[dict], *, published_by: str | None = None, commit: str | None = None) -> Any:
         """Produce the rules that differ from the live ones; returns PublishResult.
@@ -67,7 +83,8 @@ class RulesTopicHook(KafkaBaseHook):
         from spark_jobs.rules.model import parse_rule
 
         return publish_rules(
-            [parse_rule(r) for r in rules], self.bootstrap, self.topic, published_by=published_by or None, commit=commit or None
+            [parse_rule(r) for r in rules], self.bootstrap, self.topic, published_by=published_by or None,
+            commit=commit or None, client=self.client_security,
         )
 
 

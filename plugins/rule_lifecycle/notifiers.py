@@ -72,16 +72,22 @@ class ApprovalRequestNotifier(BaseNotifier):
             "report_url": report_url(dag_id, run_id, base),
             "to": settings.approvers_email or None,
         }
-        subject = f"Rule release {message['short']} waits for approval"
+        # One header line whatever the commit id or branch hold (no header injection).
+        subject = f"Rule release {message['short']} of {message['branch'] or settings.branch} waits for approval"
+        subject = "".join(ch for ch in subject if ch.isprintable())[:200]
         if settings.approval_notify == "smtp":
             from airflow.providers.smtp.notifications.smtp import SmtpNotifier
 
             if not settings.approvers_email:
                 raise ValueError("approval_notify is smtp but approvers_email is not set")
             html = Environment(autoescape=True).from_string(_HTML).render(**message)
+            # `.notify`, not `(context)`: calling the notifier would render subject and
+            # body once more as Airflow templates, and a `{{ ... }}` in anything taken
+            # from git would then be evaluated (with `conn`, `var` in reach); both are
+            # final text here (tests/integration/test_approval_mail.py).
             SmtpNotifier(
                 to=settings.approvers_email, subject=subject, html_content=html, smtp_conn_id=settings.smtp_conn_id
-            )(context)
+            ).notify(context)
             log.info("Approval request mailed to %s", settings.approvers_email)
             return
         path = Path(settings.state_dir) / "notifications" / "approvals.jsonl"

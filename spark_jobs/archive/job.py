@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from spark_jobs.kafka import admin
 from spark_jobs.kafka.spark_io import read_stream
 
 log = logging.getLogger(__name__)
@@ -34,6 +33,10 @@ log = logging.getLogger(__name__)
 # The platform's event topics (what rules read); the internal topics (rules, detections,
 # dead letters, status, routing) are not events and are not archived.
 DEFAULT_TOPICS: tuple[str, ...] = ("events.raw", "context.raw")
+# The Kafka principal the archive reads as (spark_jobs.kafka.security): read-only on
+# every topic; it never writes to Kafka nor creates topics (its exact-name pattern
+# subscription picks a topic up, from its start, once it exists).
+ROLE = "reader"
 
 
 @dataclass
@@ -83,7 +86,7 @@ def start_query(spark: object, cfg: ArchiveConfig) -> object:
     from spark_jobs.archive.table import PARTITION_COLUMNS, archive_columns
 
     records = read_stream(spark, cfg.bootstrap, cfg.topics, starting_offsets=cfg.starting_offsets,
-                          max_offsets_per_trigger=cfg.max_offsets_per_trigger)
+                          max_offsets_per_trigger=cfg.max_offsets_per_trigger, role=ROLE)
     return (
         archive_columns(records, cfg.time_field)
         .writeStream.format("delta")
@@ -106,8 +109,6 @@ def run(cfg: ArchiveConfig, stop: threading.Event | None = None) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
     cfg.checkpoint.mkdir(parents=True, exist_ok=True)
-    # The topics exist before the query plans (a pattern would also wait for them).
-    admin.create_topics(cfg.bootstrap, list(cfg.topics))
     status = _Status(cfg)
     status.update()
     spark = session("event-archive", master=cfg.master, extra=cfg.extra_conf)

@@ -29,6 +29,9 @@ from spark_jobs.demo.generator import (
 )
 from spark_jobs.kafka.admin import create_topics
 
+# An event source: with SASL on it authenticates as `producer` (writes the source topics only).
+ROLE = "producer"
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -90,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         # Fail fast on a wrong address (a producer would otherwise retry silently), and
         # create the two topics if missing (idempotent: existing topics are untouched).
-        create_topics(args.bootstrap, [args.events_topic, args.context_topic], timeout=15.0)
+        create_topics(args.bootstrap, [args.events_topic, args.context_topic], timeout=15.0, role=ROLE)
     except Exception as exc:  # KafkaException, RuntimeError: the broker is not reachable
         print(f"rulectl demo: cannot reach Kafka at {args.bootstrap}: {exc}", file=sys.stderr)
         return 1
@@ -98,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     previous = _install_handlers(stop)
     try:
-        sink = KafkaSink(args.bootstrap)
+        sink = KafkaSink(args.bootstrap, role=ROLE)
         start = datetime.now(UTC)
         out = None if args.quiet else sys.stdout
         if args.replay:

@@ -24,6 +24,10 @@ from spark_jobs.commands.signals import install_handlers as _install_handlers
 from spark_jobs.commands.signals import restore_handlers as _restore_handlers
 from spark_jobs.kafka.admin import assign_consumer, end_offsets, probe_consumer, topic_partitions
 
+# A read-only consumer: with SASL on (KAFKA_CREDENTIALS_FILE, see README "Kafka
+# security") it authenticates as `reader` unless KAFKA_PRINCIPAL says otherwise.
+ROLE = "reader"
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
@@ -89,7 +93,7 @@ def follow(
     partitions = _wait_for_partitions(bootstrap, topic, stop)
     if partitions is None:
         return 0
-    consumer = assign_consumer(bootstrap, {"enable.partition.eof": False, "fetch.wait.max.ms": 100})
+    consumer = assign_consumer(bootstrap, {"enable.partition.eof": False, "fetch.wait.max.ms": 100}, ROLE)
     try:
         start = _start_positions(bootstrap, topic, partitions, from_beginning)
         next_offset = {tp.partition: tp.offset for tp in start}
@@ -116,7 +120,7 @@ def follow(
                 return 0
             if now >= next_partition_check:
                 # Partitions added to the topic meanwhile are followed from their start.
-                added = sorted(set(topic_partitions(bootstrap, topic)) - set(next_offset))
+                added = sorted(set(topic_partitions(bootstrap, topic, role=ROLE)) - set(next_offset))
                 if added:
                     next_offset.update(dict.fromkeys(added, 0))
                     consumer.assign([TopicPartition(topic, p, off) for p, off in sorted(next_offset.items())])
@@ -129,7 +133,7 @@ def follow(
 def _wait_for_partitions(bootstrap: str, topic: str, stop: threading.Event) -> list[int] | None:
     announced = False
     while not stop.is_set():
-        parts = topic_partitions(bootstrap, topic)
+        parts = topic_partitions(bootstrap, topic, role=ROLE)
         if parts:
             return parts
         if not announced:
@@ -144,7 +148,7 @@ def _wait_for_partitions(bootstrap: str, topic: str, stop: threading.Event) -> l
 def _start_positions(
     bootstrap: str, topic: str, partitions: list[int], from_beginning: bool
 ) -> list[TopicPartition]:
-    probe = probe_consumer(bootstrap)
+    probe = probe_consumer(bootstrap, role=ROLE)
     try:
         bounds = end_offsets(probe, [(topic, p) for p in partitions])
     finally:

@@ -27,6 +27,14 @@ Supervision policy (spark_jobs.platform.launcher):
 * any other component that exits (broker, demo, Airflow) stops the platform, with the
   last lines of its log: none of them is expected to exit while the platform runs.
 
+Kafka runs with SASL/SCRAM users and ACLs (spark_jobs/kafka/security.py): one principal
+per role, passwords generated once per workdir into `<workdir>/kafka-credentials.json`
+(0600, never printed), and every child authenticates as its role through
+`KAFKA_CREDENTIALS_FILE` (spark_jobs/kafka/client_config.py): only the release path
+(`publisher`) may write `rules.active`. `--insecure` runs a plaintext broker without
+users or ACLs, for development only: any local process may then rewrite the rules
+(signed records still keep a forged rule out of the job).
+
 The broker keeps its log in `<workdir>/kafka` and the job its checkpoint in
 `<workdir>/detect`, so a second `rulectl up` resumes where the first stopped. Airflow's
 home (database, logs, demo users' passwords) persists in `<workdir>/airflow`.
@@ -100,6 +108,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--rules", default=str(PROJECT_ROOT / "rules"), metavar="DIR", help="rules to publish at start"
     )
     p.add_argument("--workdir", default="var", help="state, checkpoints and logs (default: ./var)")
+    p.add_argument(
+        "--insecure", action="store_true",
+        help="development only, not for production: Kafka without SASL users and ACLs (any local "
+             "client may write rules.active)",
+    )
     p.set_defaults(func=run)
 
 
@@ -161,6 +174,12 @@ class Paths:
         return self.workdir / "rules-signing.key"
 
     @property
+    def kafka_credentials_file(self) -> Path:
+        """The Kafka principals' passwords (0600): the broker's users, every client's
+        credentials (spark_jobs/kafka/client_config.py)."""
+        return self.workdir / "kafka-credentials.json"
+
+    @property
     def connections_file(self) -> Path:
         """Airflow connections with credentials (0600), read by its secrets backend."""
         return self.airflow_home / "connections.json"
@@ -176,10 +195,13 @@ def rulectl_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "spark_jobs.cli", *args]
 
 
-def base_env(bootstrap: str, paths: Paths) -> dict[str, str]:
-    """The environment every child gets: where Kafka is, which Python Spark uses."""
+def base_env(bootstrap: str, paths: Paths, secure: bool = True) -> dict[str, str]:
+    """The environment every child gets: where Kafka is and how to authenticate (the
+    credentials file's path, never a password), which Python Spark uses."""
+    from spark_jobs.kafka.client_config import CREDENTIALS_ENV
+
     bindir = str(Path(sys.executable).parent)
-    return {
+    env = {
         **os.environ,
         "PATH": bindir + os.pathsep + os.environ.get("PATH", ""),
         "KAFKA_BOOTSTRAP": bootstrap,
@@ -194,6 +216,11 @@ def base_env(bootstrap: str, paths: Paths) -> dict[str, str]:
         # with this key and the detection job refuses any it cannot verify.
         "RULES_SIGNING_KEY_FILE": str(paths.signing_key_file),
     }
+    env.pop(CREDENTIALS_ENV, None)
+    env.pop("KAFKA_PRINCIPAL", None)  # each child acts as its own role
+    if secure:
+        env[CREDENTIALS_ENV] = str(paths.kafka_credentials_file)
+    return env
 
 
 def detect_spec(args: argparse.Namespace, bootstrap: str, paths: Paths) -> ChildSpec:
@@ -212,7 +239,7 @@ def detect_spec(args: argparse.Namespace, bootstrap: str, paths: Paths) -> Child
     return ChildSpec(
         name="detect",
         argv=argv,
-        env=base_env(bootstrap, paths),
+        env=base_env(bootstrap, paths, not args.insecure),
         cwd=paths.workdir,
         log_path=paths.logs / "detect.log",
         stop_signal=signal.SIGTERM,  # the job's graceful stop: finish the batch, commit, exit 0
@@ -226,7 +253,7 @@ def detect_spec(args: argparse.Namespace, bootstrap: str, paths: Paths) -> Child
     )
 
 
-def archive_spec(bootstrap: str, paths: Paths) -> ChildSpec:
+def archive_spec(args: argparse.Namespace, bootstrap: str, paths: Paths) -> ChildSpec:
     """The event archive job, supervised like the detection job: restarted when it
     exits, from its checkpoint (nothing lost, nothing doubled)."""
     argv = rulectl_argv(
@@ -237,7 +264,7 @@ def archive_spec(bootstrap: str, paths: Paths) -> ChildSpec:
         "--status-file", str(paths.archive_status_file),
     )  # fmt: skip
     # Its batches are small appends: a smaller driver than the detection job's 4g.
-    env = {"SPARK_DRIVER_MEMORY": "1g", **base_env(bootstrap, paths)}
+    env = {"SPARK_DRIVER_MEMORY": "1g", **base_env(bootstrap, paths, not args.insecure)}
     return ChildSpec(
         name="archive",
         argv=argv,
@@ -253,13 +280,13 @@ def archive_spec(bootstrap: str, paths: Paths) -> ChildSpec:
     )
 
 
-def connect_spec(bootstrap: str, paths: Paths, port: int = DEFAULT_CONNECT_PORT) -> ChildSpec:
+def connect_spec(args: argparse.Namespace, bootstrap: str, paths: Paths, port: int = DEFAULT_CONNECT_PORT) -> ChildSpec:
     """A warm Spark for backtests (`rulectl backtest --remote sc://127.0.0.1:PORT`): no
     JVM start-up per backtest, and a JIT that has seen the engine's plans before."""
     return ChildSpec(
         name="connect",
         argv=rulectl_argv("connect", "--port", str(port)),
-        env=base_env(bootstrap, paths),
+        env=base_env(bootstrap, paths, not args.insecure),
         cwd=paths.workdir,
         log_path=paths.logs / "connect.log",
         stop_signal=signal.SIGTERM,
@@ -284,7 +311,7 @@ def demo_spec(args: argparse.Namespace, bootstrap: str, paths: Paths) -> ChildSp
     return ChildSpec(
         name="demo",
         argv=rulectl_argv("demo", "--bootstrap", bootstrap, "--forever", "--rate", f"{args.demo_rate:g}"),
-        env=base_env(bootstrap, paths),
+        env=base_env(bootstrap, paths, not args.insecure),
         cwd=paths.workdir,
         log_path=paths.logs / "demo.log",
         stop_signal=signal.SIGTERM,
@@ -329,13 +356,19 @@ def demo_users(paths: Paths) -> list[dict]:
 
 def write_connections(paths: Paths, args: argparse.Namespace, users: list[dict]) -> Path:
     """The Airflow connections of the platform, for a local-filesystem secrets backend
-    (0600): the release DAG's API account (`rule_lifecycle_api`)."""
+    (0600): the release DAG's API account (`rule_lifecycle_api`) and, with Kafka
+    security on, the detection supervisor's Kafka connections with the `supervisor`
+    principal's SASL settings in their extra (off: they are plain AIRFLOW_CONN_*
+    variables, `airflow_env`)."""
+    from spark_jobs.kafka.client_config import KafkaClientSettings, confluent_config
     from spark_jobs.platform import identity
+    from spark_jobs.platform.control import airflow_connections
 
-    return identity.write_secret_file(
-        paths.connections_file,
-        identity.api_connection(airflow_url(args), user_password(users, identity.SERVICE_USER)),
-    )
+    conns = identity.api_connection(airflow_url(args), user_password(users, identity.SERVICE_USER))
+    if not args.insecure:
+        kafka = KafkaClientSettings(credentials_file=str(paths.kafka_credentials_file))
+        conns.update(airflow_connections(f"127.0.0.1:{args.port}", confluent_config("supervisor", kafka)))
+    return identity.write_secret_file(paths.connections_file, conns)
 
 
 def user_password(specs: list[dict], username: str) -> str:
@@ -367,7 +400,7 @@ def airflow_env(
     """
     home = paths.airflow_home
     env = {
-        **base_env(bootstrap, paths),
+        **base_env(bootstrap, paths, not args.insecure),
         "AIRFLOW_HOME": str(home),
         "AIRFLOW__CORE__DAGS_FOLDER": str(project_root / "dags"),
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(project_root / "plugins"),
@@ -390,7 +423,8 @@ def airflow_env(
     }
     from spark_jobs.platform.control import airflow_connection_env
 
-    env.update(airflow_connection_env(bootstrap))  # detection_supervisor's Kafka connections
+    if args.insecure:  # with credentials they are in the 0600 connections file instead
+        env.update(airflow_connection_env(bootstrap))  # detection_supervisor's Kafka connections
     if args.airflow_db:
         env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = args.airflow_db
     elif "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN" not in os.environ:
@@ -529,9 +563,9 @@ def plan(
     if not args.no_detect:
         specs.append(detect_spec(args, bootstrap, paths))
     if not args.no_archive:
-        specs.append(archive_spec(bootstrap, paths))
+        specs.append(archive_spec(args, bootstrap, paths))
     if not args.no_connect:
-        specs.append(connect_spec(bootstrap, paths))
+        specs.append(connect_spec(args, bootstrap, paths))
     if not args.no_demo:
         specs.append(demo_spec(args, bootstrap, paths))
     if not args.no_airflow:
@@ -544,7 +578,9 @@ def plan(
 
 
 def run(args: argparse.Namespace) -> int:
-    from spark_jobs.kafka.broker import DEFAULT_TOPICS, EmbeddedBroker
+    from spark_jobs.kafka.broker import PLATFORM_TOPICS, EmbeddedBroker
+    from spark_jobs.kafka.client_config import CREDENTIALS_ENV
+    from spark_jobs.kafka.security import BrokerSecurity
 
     host = "127.0.0.1"
     bootstrap = f"{host}:{args.port}"
@@ -569,6 +605,14 @@ def run(args: argparse.Namespace) -> int:
 
     signing.ensure_key_file(paths.signing_key_file)
     os.environ[signing.KEY_FILE_ENV] = str(paths.signing_key_file)  # this process publishes at start
+    security = None
+    os.environ.pop("KAFKA_PRINCIPAL", None)
+    if args.insecure:
+        os.environ.pop(CREDENTIALS_ENV, None)
+    else:
+        # Generated once per workdir (0600), kept: the broker's log stores these users.
+        security = BrokerSecurity.load_or_generate(paths.kafka_credentials_file)
+        os.environ[CREDENTIALS_ENV] = str(paths.kafka_credentials_file)  # publishes at start as `publisher`
     sup = Supervisor(on_change=lambda s: _write_state(s, paths, bootstrap, args))
     try:
         users = demo_users(paths) if not args.no_airflow else None
@@ -594,10 +638,11 @@ def run(args: argparse.Namespace) -> int:
         broker = EmbeddedBroker(
             port=args.port,
             host=host,
-            topics=DEFAULT_TOPICS,
+            topics=PLATFORM_TOPICS,
             partitions=args.partitions,
             log_path=paths.logs / "broker.log",
             data_dir=paths.kafka_dir,
+            security=security,
         )
         sup.say(f"starting broker on {bootstrap} ...")
         sup.start(BrokerComponent(broker))
@@ -614,7 +659,7 @@ def run(args: argparse.Namespace) -> int:
             child = sup.start_child(spec)
             sup.say(f"started {spec.name} (pid {child.pid}, log {spec.log_path})")
         if not stop.is_set():
-            _banner(sup, args, bootstrap, paths, n_rules, users, DEFAULT_TOPICS)
+            _banner(sup, args, bootstrap, paths, n_rules, users, PLATFORM_TOPICS)
         return sup.run(stop)
     except Exception as exc:  # noqa: BLE001 - report, then stop what was started
         print(f"rulectl up: {exc}", file=sys.stderr)
@@ -721,6 +766,9 @@ def _banner(
         "=" * 78,
         f"rule platform is up (workdir {paths.workdir})",
         f"  Kafka      {bootstrap} (log in {paths.kafka_dir})  topics: {', '.join(topics)}",
+        ("             INSECURE: no SASL users, no ACLs (--insecure: development only)" if args.insecure else
+         f"             SASL/SCRAM + ACLs; principals' passwords in {paths.kafka_credentials_file} "
+         "(readable by you only)"),
         f"  rules      {n_rules} published to rules.active from {args.rules}",
     ]
     if "detect" in procs:
@@ -757,12 +805,17 @@ def _banner(
         )
     lines += [
         f"  state      {paths.state_file} (pids, logs; SIGTERM the detect pid to restart the job)",
-        "watch detections:    rulectl tail events.processed" + _bootstrap_flag(bootstrap),
-        "watch dead letters:  rulectl tail events.deadletter" + _bootstrap_flag(bootstrap),
+        "watch detections:    " + _client_prefix(args, paths) + "rulectl tail events.processed" + _bootstrap_flag(bootstrap),
+        "watch dead letters:  " + _client_prefix(args, paths) + "rulectl tail events.deadletter" + _bootstrap_flag(bootstrap),
         "Ctrl-C stops everything (twice: without waiting).",
         "=" * 78,
     ]
     sup.say("\n".join(lines))
+
+
+def _client_prefix(args: argparse.Namespace, paths: Paths) -> str:
+    """How a client in the user's shell finds its credentials (the file, not a password)."""
+    return "" if args.insecure else f"KAFKA_CREDENTIALS_FILE={paths.kafka_credentials_file} "
 
 
 def _bootstrap_flag(bootstrap: str) -> str:

@@ -532,11 +532,13 @@ class KafkaSink:
     key's records (the keyed velocity rules depend on per-key order).
     """
 
-    def __init__(self, bootstrap: str, extra: dict[str, Any] | None = None) -> None:
+    def __init__(self, bootstrap: str, extra: dict[str, Any] | None = None, role: str | None = None) -> None:
         from confluent_kafka import Producer
 
+        from spark_jobs.kafka.client_config import with_bootstrap
+
         conf: dict[str, Any] = {
-            "bootstrap.servers": bootstrap,
+            **with_bootstrap(bootstrap, role),
             "enable.idempotence": True,
             "acks": "all",
             "linger.ms": 20,

@@ -79,24 +79,10 @@ def _case(selector: Arg, branches: dict[Any, Callable[[], Column]], default: Cal
     return out.otherwise(default()) if out is not None else default()
 
 
-# Operators and value kinds as small integers, for rules shipped as data: the live job
-# compares them per (event, rule) row, and an integer test is cheaper than a string
-# comparison (string comparisons of the operator and kind were a tenth of its JVM time).
-OP_CODES = {"==": 1, "!=": 2, ">": 3, "<": 4, ">=": 5, "<=": 6}
-KIND_CODES = {"num": 1, "str": 2, "bool": 3}
-
-
-def compare_spec(x: FieldValue, op: Arg, kind: Arg, num: Arg, text: Arg, flag: Arg, coded: bool = False) -> Column:
-    """`x <op> value` with the operator and the value given as Columns (a rule shipped
-    as data) or Python values (a rule from a file); never NULL. One definition serves
-    both, so a rule means the same in the live job and the backtest. `coded`: `op`
-    and `kind` hold OP_CODES / KIND_CODES values instead of the names."""
-    def o(name: str) -> Any:
-        return OP_CODES[name] if coded else name
-
-    def k(name: str) -> Any:
-        return KIND_CODES[name] if coded else name
-
+def compare_spec(x: FieldValue, op: Arg, kind: Arg, num: Arg, text: Arg, flag: Arg) -> Column:
+    """`x <op> value` with the operator and the value given as Python values (a rule
+    compiled into a plan) or Columns (a rule as data); never NULL. The backtest and the
+    live job both compile their rules with it, so a rule means the same in both."""
     a = x.num
     present = x.present
     number = num if isinstance(num, Column) else F.lit(num).cast("double")
@@ -106,25 +92,25 @@ def compare_spec(x: FieldValue, op: Arg, kind: Arg, num: Arg, text: Arg, flag: A
 
     def numeric() -> Column:
         return _case(op, {
-            o("=="): lambda: a.isNotNull() & (a == number),
+            "==": lambda: a.isNotNull() & (a == number),
             # A present value that is not a number is "not equal" to a number.
-            o("!="): lambda: present & (a.isNull() | (a != number)),
-            o(">"): lambda: a.isNotNull() & (a > number),
-            o("<"): lambda: a.isNotNull() & (a < number),
-            o(">="): lambda: a.isNotNull() & (a >= number),
-            o("<="): lambda: a.isNotNull() & (a <= number),
+            "!=": lambda: present & (a.isNull() | (a != number)),
+            ">": lambda: a.isNotNull() & (a > number),
+            "<": lambda: a.isNotNull() & (a < number),
+            ">=": lambda: a.isNotNull() & (a >= number),
+            "<=": lambda: a.isNotNull() & (a <= number),
         }, never)
 
     def same() -> Column:
         def as_bool() -> Column:
             return x.json == _case(flag, {True: lambda: F.lit("true")}, lambda: F.lit("false"))
 
-        return F.coalesce(_case(kind, {k("bool"): as_bool}, lambda: x.str == _lit(text).cast("string")), F.lit(False))
+        return F.coalesce(_case(kind, {"bool": as_bool}, lambda: x.str == _lit(text).cast("string")), F.lit(False))
 
     def other() -> Column:
-        return _case(op, {o("=="): lambda: present & same(), o("!="): lambda: present & ~same()}, never)
+        return _case(op, {"==": lambda: present & same(), "!=": lambda: present & ~same()}, never)
 
-    return F.coalesce(_case(kind, {k("num"): numeric}, other), F.lit(False))
+    return F.coalesce(_case(kind, {"num": numeric}, other), F.lit(False))
 
 
 def compare(x: Column | FieldValue, operator: str, value: object) -> Column:

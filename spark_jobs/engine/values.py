@@ -8,7 +8,7 @@ what makes "a rule means the same thing in both" true by construction.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from pyspark.sql import Column, DataFrame
@@ -220,9 +220,18 @@ def extract_fields(
     df: DataFrame, rules: Iterable[AnyRule], time_paths: Iterable[str] = (), v: Column | None = None
 ) -> tuple[DataFrame, Fields]:
     """`df` plus one column per form of each field `rules` read (see Fields, field_needs)."""
-    v = F.col("v") if v is None else v
     needs, times = field_needs(rules)
-    times |= set(time_paths)
+    return extract_paths(df, needs, times | set(time_paths), v)
+
+
+def extract_paths(df: DataFrame, needs: dict[str, set[str]], times: Iterable[str] = (), v: Column | None = None,
+                  to_json_path: Callable[[str], str] = json_path) -> tuple[DataFrame, Fields]:
+    """`df` plus one column per form (`json`, `num`, `str`) in `needs` of each path, and
+    epoch ms of each path in `times`. Paths are dotted rule paths, or anything
+    `to_json_path` turns into a JSON path (the live job's rules carry JSON paths)."""
+    v = F.col("v") if v is None else v
+    needs = {p: set(f) for p, f in needs.items()}
+    times = set(times)
     for p in times:
         needs.setdefault(p, set()).update(("num", "str"))
     paths = sorted(needs)
@@ -231,7 +240,7 @@ def extract_fields(
     # not share subexpressions inside CASE branches), several times per field and row.
     col = {p: {f: f"__f{i}_{f}" for f in ("x", "kind", "present", "json", "num", "str")} for i, p in enumerate(paths)}
     x = {p: F.col(col[p]["x"]) for p in paths}
-    step1 = [_variant_get(v, F.lit(json_path(p))).alias(col[p]["x"]) for p in paths]
+    step1 = [_variant_get(v, F.lit(to_json_path(p))).alias(col[p]["x"]) for p in paths]
     step2: list[Column] = []
     for p in paths:
         present = x[p].isNotNull() & ~F.is_variant_null(x[p])

@@ -5,10 +5,15 @@ own Kafka connector. What is here serves the driver-side and command-line pieces
 creation with the platform's configs, reading a small topic to its end (the rule set,
 a test's output), tailing. Readers assign partitions explicitly and never join a group:
 a reader that knows exactly which offsets it wants does not need one.
+
+Every helper takes the `role` its caller plays (a principal of spark_jobs/kafka/security.py);
+`spark_jobs.kafka.client_config` turns it into credentials when the platform runs with
+SASL/SCRAM, and into nothing on a plaintext broker.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Iterable, Mapping
@@ -16,6 +21,12 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+
+from spark_jobs.kafka.client_config import with_bootstrap
+
+_QUIET = logging.getLogger("spark_jobs.kafka.admin.probe")
+_QUIET.addHandler(logging.NullHandler())
+_QUIET.propagate = False
 
 # librdkafka timestamp types -> Spark's `timestampType` column (Kafka's TimestampType ids).
 SPARK_TIMESTAMP_TYPE = {0: -1, 1: 0, 2: 1}
@@ -57,18 +68,18 @@ class KafkaRecord:
         return found
 
 
-def admin_client(bootstrap: str, extra: Mapping[str, str] | None = None) -> AdminClient:
-    return AdminClient({"bootstrap.servers": bootstrap, **(extra or {})})
+def admin_client(bootstrap: str, extra: Mapping[str, object] | None = None, role: str | None = None) -> AdminClient:
+    return AdminClient(with_bootstrap(bootstrap, role, extra))
 
 
-def assign_consumer(bootstrap: str, extra: Mapping[str, object] | None = None) -> Consumer:
+def assign_consumer(bootstrap: str, extra: Mapping[str, object] | None = None, role: str | None = None) -> Consumer:
     """A consumer meant for `assign()` only: no group offsets are committed or read.
 
     librdkafka still wants a group.id; a random one keeps readers from ever sharing
     (and rebalancing) a group by accident.
     """
     conf: dict[str, object] = {
-        "bootstrap.servers": bootstrap,
+        **with_bootstrap(bootstrap, role),
         "group.id": f"rules-platform-assign-{uuid.uuid4().hex[:12]}",
         "enable.auto.commit": False,
         "enable.auto.offset.store": False,
@@ -79,9 +90,11 @@ def assign_consumer(bootstrap: str, extra: Mapping[str, object] | None = None) -
     return Consumer(conf)
 
 
-def list_topics(bootstrap: str, timeout: float = 10.0) -> dict[str, list[int]]:
-    """topic -> sorted partition ids, for every topic the broker knows (internal ones skipped)."""
-    md = admin_client(bootstrap).list_topics(timeout=timeout)
+def list_topics(bootstrap: str, timeout: float = 10.0, role: str | None = None,
+                extra: Mapping[str, object] | None = None) -> dict[str, list[int]]:
+    """topic -> sorted partition ids, for every topic the broker knows (internal ones
+    skipped; under ACLs: every topic `role` may describe)."""
+    md = admin_client(bootstrap, extra, role).list_topics(timeout=timeout)
     return {
         name: sorted(t.partitions)
         for name, t in md.topics.items()
@@ -89,16 +102,18 @@ def list_topics(bootstrap: str, timeout: float = 10.0) -> dict[str, list[int]]:
     }
 
 
-def topic_partitions(bootstrap: str, topic: str, timeout: float = 10.0) -> list[int]:
+def topic_partitions(bootstrap: str, topic: str, timeout: float = 10.0, role: str | None = None,
+                     extra: Mapping[str, object] | None = None) -> list[int]:
     """Partition ids of `topic`; empty when the topic does not exist (yet)."""
-    return list_topics(bootstrap, timeout).get(topic, [])
+    return list_topics(bootstrap, timeout, role, extra).get(topic, [])
 
 
 def create_topics(
     bootstrap: str,
     topics: Mapping[str, TopicSpec] | Iterable[str],
     timeout: float = 15.0,
-    extra: Mapping[str, str] | None = None,
+    extra: Mapping[str, object] | None = None,
+    role: str | None = None,
 ) -> list[str]:
     """Create the topics that do not exist yet; returns the names actually created.
 
@@ -108,7 +123,7 @@ def create_topics(
     topic stops the platform.
     """
     specs = dict(topics) if isinstance(topics, Mapping) else {t: TopicSpec() for t in topics}
-    admin = admin_client(bootstrap, extra)
+    admin = admin_client(bootstrap, extra, role)
     existing = set(admin.list_topics(timeout=timeout).topics)
     created: list[str] = []
     for name, spec in specs.items():
@@ -160,40 +175,46 @@ def end_offsets(
     }
 
 
-def watermarks(bootstrap: str, topic: str, timeout: float = 10.0) -> dict[int, tuple[int, int]]:
+def watermarks(bootstrap: str, topic: str, timeout: float = 10.0, role: str | None = None,
+               extra: Mapping[str, object] | None = None) -> dict[int, tuple[int, int]]:
     """partition -> (low, high) for one topic; empty when the topic does not exist."""
-    parts = topic_partitions(bootstrap, topic, timeout)
+    parts = topic_partitions(bootstrap, topic, timeout, role, extra)
     if not parts:
         return {}
-    consumer = probe_consumer(bootstrap)
+    consumer = probe_consumer(bootstrap, extra, role)
     try:
         return {p: lh for (_, p), lh in end_offsets(consumer, [(topic, p) for p in parts], timeout).items()}
     finally:
         consumer.close()
 
 
-def probe_consumer(bootstrap: str, extra: Mapping[str, object] | None = None) -> Consumer:
-    """A consumer for offset look-ups (`end_offsets`); it never fetches records."""
-    return assign_consumer(bootstrap, {"enable.partition.eof": True, **(extra or {})})
+def probe_consumer(bootstrap: str, extra: Mapping[str, object] | None = None, role: str | None = None) -> Consumer:
+    """A consumer for offset look-ups (`end_offsets`); it never fetches records.
+
+    It lives for one look-up: closed while its group-coordinator connection is still in
+    its SASL handshake, librdkafka logs an authentication error that is none; its log
+    goes to a logger that drops it, off the user's terminal (`rulectl tail`)."""
+    return assign_consumer(bootstrap, {"enable.partition.eof": True, "logger": _QUIET, **(extra or {})}, role)
 
 
-def read_all(bootstrap: str, topic: str, timeout: float = 30.0) -> list[KafkaRecord]:
+def read_all(bootstrap: str, topic: str, timeout: float = 30.0, role: str | None = None,
+             extra: Mapping[str, object] | None = None) -> list[KafkaRecord]:
     """Every record of `topic`, in (partition, offset) order, from earliest to the end.
 
     The end is fixed when the call starts; records produced meanwhile may or may not be
     included. Raises TimeoutError when the broker does not deliver up to the end in time,
     because a silently partial answer (e.g. the current rule set) is worse than none.
     """
-    parts = topic_partitions(bootstrap, topic, min(timeout, 10.0))
+    parts = topic_partitions(bootstrap, topic, min(timeout, 10.0), role, extra)
     if not parts:
         return []
-    wm = watermarks(bootstrap, topic, min(timeout, 10.0))
+    wm = watermarks(bootstrap, topic, min(timeout, 10.0), role, extra)
     ranges = {p: (lo, hi) for p, (lo, hi) in wm.items() if hi > lo}
     if not ranges:
         return []
     # Partition EOF events end a range whose last offsets hold no record (a transaction
     # marker, a compacted-away record), instead of waiting for a record that never comes.
-    consumer = assign_consumer(bootstrap, {"enable.partition.eof": True})
+    consumer = assign_consumer(bootstrap, {**(extra or {}), "enable.partition.eof": True}, role)
     try:
         return _read_ranges(consumer, topic, ranges, timeout)
     finally:

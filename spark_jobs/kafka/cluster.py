@@ -23,6 +23,7 @@ from types import TracebackType
 
 from spark_jobs.kafka.admin import create_topics
 from spark_jobs.kafka.broker import DEFAULT_TOPICS, BrokerError, EmbeddedBroker, new_cluster_id, topic_specs
+from spark_jobs.kafka.security import BrokerSecurity
 
 # The job's internal routing topic is created up front too, so it is replicated like
 # the rest instead of being created by the job with whatever the broker defaults to.
@@ -46,6 +47,7 @@ class KafkaCluster:
         topics: Iterable[str] | None = CLUSTER_TOPICS,
         partitions: int | Mapping[str, int] = 1,
         startup_timeout: float = 90.0,
+        security: BrokerSecurity | None = None,
     ) -> None:
         if size < 1:
             raise ValueError(f"a cluster needs at least one node, not {size}")
@@ -55,13 +57,15 @@ class KafkaCluster:
         self.topics = tuple(topics or ())
         self.partitions = partitions
         self.replication = min(3, size)
+        # SASL/SCRAM users and ACLs on every node (spark_jobs/kafka/security.py); None: open.
+        self.security = security
         layout = self._layout(port, controller_port)
         voters = ",".join(f"{i + 1}@{host}:{c}" for i, c in enumerate(layout["controller_ports"]))
         self.nodes = [
             EmbeddedBroker(
                 port=p, host=host, topics=(), data_dir=self.data_dir / f"node-{i + 1}",
                 controller_port=c, node_id=i + 1, quorum_voters=voters, cluster_id=layout["cluster_id"],
-                replication=self.replication, startup_timeout=startup_timeout,
+                replication=self.replication, startup_timeout=startup_timeout, security=security,
             )
             for i, (p, c) in enumerate(zip(layout["ports"], layout["controller_ports"], strict=True))
         ]
@@ -98,8 +102,15 @@ class KafkaCluster:
                 n.launch()
             with ThreadPoolExecutor(len(self.nodes)) as pool:
                 list(pool.map(lambda n: n.wait_ready(), self.nodes))
+            sec = self.security
+            admin_conf = sec.client_config(sec.admin) if sec is not None else None
+            if sec is not None:
+                sec.ensure_users(self.bootstrap)
             if self.topics:
-                create_topics(self.bootstrap, topic_specs(self.topics, self.partitions, self.replication))
+                create_topics(self.bootstrap, topic_specs(self.topics, self.partitions, self.replication),
+                              extra=admin_conf)
+            if sec is not None:
+                sec.apply_acls(self.bootstrap)
         except BaseException:
             self.stop()
             raise

@@ -18,9 +18,12 @@ from typing import NamedTuple
 from confluent_kafka import Producer
 
 from spark_jobs.kafka.admin import TopicSpec, create_topics, read_all
+from spark_jobs.kafka.client_config import with_bootstrap
 from spark_jobs.rules.model import AnyRule, rule_to_json_dict
 
 RULES_TOPIC = "rules.active"
+# The release path's principal: the only one allowed to write the rules topic.
+ROLE = "publisher"
 RULES_TOPIC_SPEC = TopicSpec(partitions=1, config={"cleanup.policy": "compact"})
 
 
@@ -62,7 +65,8 @@ def canonical_json(data: Mapping) -> bytes:
     return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
-def current_rules(bootstrap: str, topic: str = RULES_TOPIC, timeout: float = 30.0) -> dict[str, dict]:
+def current_rules(bootstrap: str, topic: str = RULES_TOPIC, timeout: float = 30.0,
+                  client: Mapping[str, object] | None = None) -> dict[str, dict]:
     """rule_id -> rule dict of the newest record per key on `topic` ({} if no topic).
 
     A tombstone (null value) removes its key. A record whose value is not a JSON object
@@ -70,7 +74,7 @@ def current_rules(bootstrap: str, topic: str = RULES_TOPIC, timeout: float = 30.
     next publish overwrites it rather than trusting it.
     """
     newest: dict[str, dict] = {}
-    for rec in read_all(bootstrap, topic, timeout=timeout):
+    for rec in read_all(bootstrap, topic, timeout=timeout, role=ROLE, extra=client):
         if rec.key is None:
             continue
         key = rec.key.decode("utf-8", errors="replace")
@@ -98,6 +102,7 @@ def publish_rules(
     commit: str | None = None,
     published_at: datetime | None = None,
     timeout: float = 30.0,
+    client: Mapping[str, object] | None = None,
 ) -> PublishResult:
     """Publish the rules whose canonical JSON differs from the topic's newest record.
 
@@ -105,11 +110,15 @@ def publish_rules(
     rule_id order, with audit headers (`published_at`, and `published_by` / `commit`
     when given). Every record is acknowledged before this returns; any delivery error
     raises PublishError.
+
+    The clients act as the `publisher` principal, the only one the broker lets write
+    the rules topic (spark_jobs/kafka/security.py); `client` overrides their settings
+    (an Airflow connection's extra with its own SASL settings).
     """
     ordered = sorted(rules, key=lambda r: r.rule_id)
     _check_unique(ordered)
-    create_topics(bootstrap, {topic: RULES_TOPIC_SPEC}, timeout=timeout)
-    live = current_rules(bootstrap, topic, timeout=timeout)
+    create_topics(bootstrap, {topic: RULES_TOPIC_SPEC}, timeout=timeout, role=ROLE, extra=client)
+    live = current_rules(bootstrap, topic, timeout=timeout, client=client)
     result = PublishResult(topic=topic)
     to_send: list[tuple[AnyRule, dict]] = []
     for rule in ordered:
@@ -125,7 +134,7 @@ def publish_rules(
             result.same_version.append(ref)
     if to_send:
         headers = _audit_headers(published_by, commit, published_at)
-        _send(bootstrap, topic, to_send, headers, timeout)
+        _send(bootstrap, topic, to_send, headers, timeout, client)
     return result
 
 
@@ -155,6 +164,7 @@ def _send(
     items: list[tuple[AnyRule, dict]],
     headers: list[tuple[str, bytes]],
     timeout: float,
+    client: Mapping[str, object] | None = None,
 ) -> None:
     errors: list[str] = []
 
@@ -164,13 +174,13 @@ def _send(
 
     # Idempotent producer: a retried send can neither duplicate nor reorder a rule.
     producer = Producer(
-        {
-            "bootstrap.servers": bootstrap,
+        with_bootstrap(bootstrap, ROLE, {
+            **(client or {}),
             "enable.idempotence": True,
             "acks": "all",
             "linger.ms": 5,
             "message.timeout.ms": int(timeout * 1000),
-        }
+        })
     )
     from spark_jobs.kafka import signing
 

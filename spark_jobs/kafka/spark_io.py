@@ -4,6 +4,11 @@ The jars come from `spark_jobs.jvm` (see `spark_jobs.spark.session`). This modul
 keeps the option names and the producer settings in one place, so the live job, the
 benchmarks and the tests read and write Kafka the same way. (The backtest reads
 recordings from files today; `read_batch` is what a topic replay would use.)
+
+Each reader and writer names the principal it acts as (`role`):
+`spark_jobs.kafka.client_config.spark_options` adds its SASL/SCRAM options
+(`kafka.security.protocol`, `kafka.sasl.mechanism`, `kafka.sasl.jaas.config`) when the
+platform runs with credentials, nothing on a plaintext broker.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ from collections.abc import Iterable, Mapping
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import DataStreamWriter
+
+from spark_jobs.kafka.client_config import spark_options
 
 # Writes are acknowledged by every in-sync replica and de-duplicated by the broker on a
 # producer retry, so a broker failover neither loses nor doubles a detection.
@@ -29,6 +36,7 @@ def _source_options(
     topics: Iterable[str],
     starting_offsets: str,
     options: Mapping[str, str] | None,
+    role: str | None = None,
 ) -> dict[str, str]:
     names = sorted(set(topics))
     if not names:
@@ -49,6 +57,7 @@ def _source_options(
         "fetchOffset.numRetries": "60",
         "fetchOffset.retryIntervalMs": "1000",
     }
+    opts.update(spark_options(role))
     opts.update(options or {})
     return opts
 
@@ -66,10 +75,11 @@ def read_stream(
     max_offsets_per_trigger: int | None = None,
     min_partitions: int | None = None,
     options: Mapping[str, str] | None = None,
+    role: str | None = None,
 ) -> DataFrame:
     """A streaming DataFrame of Kafka records (key, value, topic, partition, offset,
     timestamp, timestampType); offsets are tracked in the query's checkpoint."""
-    opts = _source_options(bootstrap, topics, starting_offsets, options)
+    opts = _source_options(bootstrap, topics, starting_offsets, options, role)
     if max_offsets_per_trigger:
         opts["maxOffsetsPerTrigger"] = str(int(max_offsets_per_trigger))
     if min_partitions:
@@ -84,18 +94,21 @@ def read_batch(
     starting_offsets: str = "earliest",
     ending_offsets: str = "latest",
     options: Mapping[str, str] | None = None,
+    role: str | None = None,
 ) -> DataFrame:
     """The records of `topics` between two offsets (default: all there is now)."""
-    opts = _source_options(bootstrap, topics, starting_offsets, options)
+    opts = _source_options(bootstrap, topics, starting_offsets, options, role)
     opts["endingOffsets"] = ending_offsets
     return spark.read.format("kafka").options(**opts).load()
 
 
-def write_stream(df: DataFrame, bootstrap: str, options: Mapping[str, str] | None = None) -> DataStreamWriter:
+def write_stream(df: DataFrame, bootstrap: str, options: Mapping[str, str] | None = None,
+                 role: str | None = None) -> DataStreamWriter:
     """A Kafka sink for rows of (topic, key, value): each row goes to its own topic."""
     return (
         df.writeStream.format("kafka")
         .option("kafka.bootstrap.servers", bootstrap)
         .options(**PRODUCER_OPTIONS)
+        .options(**spark_options(role))
         .options(**dict(options or {}))
     )

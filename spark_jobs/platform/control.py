@@ -209,15 +209,25 @@ def latest_by_key(records: Iterable[tuple[bytes | None, bytes | None]]) -> dict[
     return out
 
 
-def airflow_connection_env(bootstrap: str, group_id: str = "detection-supervisor") -> dict[str, str]:
-    """`AIRFLOW_CONN_*` variables of the supervisor's two Kafka provider connections:
+def airflow_connections(bootstrap: str, security: Mapping[str, str] | None = None,
+                        group_id: str = "detection-supervisor") -> dict[str, dict]:
+    """The supervisor's two Kafka provider connections (LocalFilesystemBackend JSON form):
     `detect_kafka` (reads; a group for the AwaitMessageSensor's commits) and
-    `detect_kafka_producer` (requests: acks=all, idempotent). A deployment with SASL/TLS
-    puts the same keys plus its security settings in Airflow's connections instead."""
+    `detect_kafka_producer` (requests: acks=all, idempotent). `security`: the SASL
+    settings of the `supervisor` principal (`client_config.confluent_config`), which the
+    Kafka provider passes to confluent-kafka from the connection's extra; the file that
+    holds them must be readable by its owner only (`rulectl up`: connections.json, 0600;
+    docker/: the airflow_connections secret)."""
+    sec = dict(security or {})
     read = {"bootstrap.servers": bootstrap, "group.id": group_id, "auto.offset.reset": "earliest",
-            "enable.auto.commit": False}
-    write = {"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True}
-    return {
-        "AIRFLOW_CONN_DETECT_KAFKA": json.dumps({"conn_type": "kafka", "extra": read}),
-        "AIRFLOW_CONN_DETECT_KAFKA_PRODUCER": json.dumps({"conn_type": "kafka", "extra": write}),
-    }
+            "enable.auto.commit": False, **sec}
+    write = {"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True, **sec}
+    return {"detect_kafka": {"conn_type": "kafka", "extra": read},
+            "detect_kafka_producer": {"conn_type": "kafka", "extra": write}}
+
+
+def airflow_connection_env(bootstrap: str, group_id: str = "detection-supervisor") -> dict[str, str]:
+    """The same connections as `AIRFLOW_CONN_*` variables, for a broker without
+    credentials only (an environment is no place for a password)."""
+    return {f"AIRFLOW_CONN_{cid.upper()}": json.dumps(conn)
+            for cid, conn in airflow_connections(bootstrap, None, group_id).items()}

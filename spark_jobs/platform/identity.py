@@ -171,11 +171,33 @@ def write_secret_text(path: Path, text: str) -> Path:
 def make_docker_secrets(folder: Path) -> list[Path]:
     """The secret files docker/docker-compose.yml needs, generated, each 0600; existing
     files are kept (re-running never rotates a secret by surprise). The SMTP connection
-    is a placeholder to fill in with the mail relay's host and credentials."""
+    is a placeholder to fill in with the mail relay's host and credentials.
+
+    Kafka (SASL/SCRAM, spark_jobs/kafka/security.py): `kafka_credentials.json` holds every
+    principal (the init container stores the users and ACLs with it); each other
+    container gets only its own principal: the nodes the admin's password
+    (`kafka_admin_password`), the driver host `kafka_detector.json`, the demo
+    `kafka_producer.json`, an operator's `rulectl tail` `kafka_reader.json`, and Airflow
+    its Kafka connections (supervisor, publisher) inside `airflow_connections.json`."""
     from cryptography.fernet import Fernet
 
+    from spark_jobs.kafka.client_config import KafkaClientSettings, confluent_config
+    from spark_jobs.kafka.security import BrokerSecurity
+    from spark_jobs.platform.control import airflow_connections
+
+    folder.mkdir(parents=True, exist_ok=True)
+    kafka_file = folder / "kafka_credentials.json"
+    written = [] if kafka_file.exists() else [kafka_file]
+    kafka_pw = BrokerSecurity.load_or_generate(kafka_file).passwords
+    kafka = KafkaClientSettings(credentials_file=str(kafka_file))
+    brokers = "kafka-1:19092,kafka-2:19092,kafka-3:19092"
+    publisher = {"bootstrap.servers": brokers, **confluent_config("publisher", kafka)}
     service_pw = secrets.token_urlsafe(24)
     values: dict[str, object] = {
+        "kafka_admin_password": kafka_pw["admin"],
+        "kafka_detector.json": {"detector": kafka_pw["detector"]},
+        "kafka_producer.json": {"producer": kafka_pw["producer"]},
+        "kafka_reader.json": {"reader": kafka_pw["reader"]},
         "rules_signing_key": secrets.token_urlsafe(32),
         "postgres_password": secrets.token_urlsafe(24),
         "airflow_fernet_key": Fernet.generate_key().decode(),
@@ -185,10 +207,11 @@ def make_docker_secrets(folder: Path) -> list[Path]:
             "smtp_default": {"conn_type": "smtp", "host": "smtp.example.com", "port": 587, "login": "", "password": "",
                              "extra": {"from_email": "rule-platform@example.com", "disable_ssl": True}},
             **api_connection("http://airflow-apiserver:8080", service_pw),
+            **airflow_connections(brokers, confluent_config("supervisor", kafka)),
+            "rules_kafka": {"conn_type": "kafka", "extra": publisher},
         },
         "airflow_users.json": [*demo_user_specs(generate_passwords()), service_user_spec(service_pw)],
     }
-    written = []
     for name, value in values.items():
         path = folder / name
         if path.exists():

@@ -39,9 +39,14 @@ from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_aft
 
 from spark_jobs.kafka.admin import assign_consumer, create_topics, end_offsets
 from spark_jobs.kafka.broker import topic_specs
+from spark_jobs.kafka.client_config import with_bootstrap
 from spark_jobs.platform import control
 
 log = logging.getLogger(__name__)
+
+# The runner lives on the driver host with the job and acts as the job's principal
+# (reads detect.control, writes detect.restarts and its status).
+ROLE = "detector"
 
 
 class DriverCrashed(RuntimeError):
@@ -85,8 +90,8 @@ class Runner:
         self.restarts_total = 0
         self.started_at = control.now_iso()
         self._last_status = 0.0
-        self._producer = Producer({"bootstrap.servers": cfg.bootstrap, "acks": "all", "enable.idempotence": True,
-                                   "linger.ms": 0})
+        self._producer = Producer(with_bootstrap(cfg.bootstrap, ROLE, {"acks": "all", "enable.idempotence": True,
+                                                                        "linger.ms": 0}))
         self._control: Consumer | None = None
         self._after_crash = False  # the next start is a restart after a crash (recorded)
 
@@ -174,8 +179,8 @@ class Runner:
         are moot (it starts the job afresh)."""
         create_topics(self.cfg.bootstrap, topic_specs(
             [self.cfg.control_topic, self.cfg.restarts_topic, self.cfg.status_topic],
-            replication=-1))
-        self._control = assign_consumer(self.cfg.bootstrap)
+            replication=-1), role=ROLE)
+        self._control = assign_consumer(self.cfg.bootstrap, role=ROLE)
         ends = end_offsets(self._control, [(self.cfg.control_topic, 0)])
         self._control.assign([TopicPartition(self.cfg.control_topic, 0, ends[(self.cfg.control_topic, 0)][1]
                                              if ends else OFFSET_END)])

@@ -5,17 +5,21 @@ Plan of one micro-batch:
   Kafka records (Spark's Kafka connector: the topics of the rules in force, offsets in
   the checkpoint)
     -> parse to VARIANT once; malformed -> dead letters
-    -> join (broadcast) with the rule snapshot: one row per (event, rule it may concern)
-    -> the engine's condition / key / time / value expressions, with the rule as data
+    -> the rule set in force, compiled into the plan (compiled.py): each path read once
+       per event, each rule's conditions as generated code, one row per (event, rule
+       it passes)
     -> threshold: detections at once
     -> velocity, correlation: transformWithStateInPandas keyed by (rule_id, bucket of the key);
        the bucket's keys in one state value, read and written once per batch (processor.py)
     -> detections / dead letters / routed velocity emits, one Kafka write with a
        per-row topic (sink, dead-letter topic, internal `detect.routed`)
 
-Rule changes arrive through the snapshot and apply from the next micro-batch. Only the
-watermark delay is fixed at start (DESIGN.md); the status records it so a supervisor
-can restart the job when the rules need another one.
+A rule change is a new plan: when the registry's snapshot changes, the query finishes
+its batch in flight and restarts in this process on the same checkpoint (same query id,
+state and offsets kept), so the new rules judge the records from the next batch on.
+Only the watermark delay and the subscribed topics are fixed for the process
+(DESIGN.md); the status records them so a supervisor can restart the job when the
+rules need others.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -36,23 +40,28 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from spark_jobs.engine.conditions import KIND_CODES, OP_CODES, compare_spec
 from spark_jobs.engine.correlation import correlation_members
 from spark_jobs.engine.detections import detection_id, detection_value, head_of
 from spark_jobs.engine.events import classify
-from spark_jobs.engine.values import FieldValue, field, field_value, timestamp_of
 from spark_jobs.engine.velocity import velocity_members
 from spark_jobs.kafka import admin
+from spark_jobs.kafka.client_config import with_bootstrap
 from spark_jobs.kafka.spark_io import read_stream, write_stream
 from spark_jobs.rules.model import job_watermark_delay_s
+from spark_jobs.streaming.compiled import RuleRow, fan_out, read_snapshot, rows_of
 from spark_jobs.streaming.processor import OUTPUT_SCHEMA, DetectionProcessor
 from spark_jobs.streaming.quarantine import OffsetRange, Quarantine, quarantine_reason
 from spark_jobs.streaming.registry import ROUTED_TOPIC, RuleProblem, RuleRegistry
-from spark_jobs.streaming.rules_source import RULE_DEFS, RulesSnapshotDataSource
+from spark_jobs.streaming.rules_source import RULE_DEFS
 
 log = logging.getLogger(__name__)
 
 STATE_STORE = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+
+
+# The principal the job's every Kafka client acts as (spark_jobs/kafka/security.py):
+# reads every topic, writes its outputs, may not write rules.active.
+ROLE = "detector"
 
 
 @dataclass
@@ -151,6 +160,7 @@ def _input(spark: SparkSession, cfg: DetectConfig, topics: list[str], min_partit
         # parsing and the rule join use every core.
         min_partitions=min_partitions or None,
         options=None if cfg.fail_on_data_loss else {"failOnDataLoss": "false"},
+        role=ROLE,
     )
     # Routed velocity emits carry the original topic and arrival position in their key.
     routed = F.col("topic") == F.lit(ROUTED_TOPIC)
@@ -180,227 +190,6 @@ def _with_fault(raw: DataFrame) -> DataFrame:
     fails = F.col("raw").contains(F.lit(marker)) & F.col("_quarantine").isNull()
     return raw.withColumn("raw", F.when(fails, F.raise_error(F.lit(f"injected fault ({FAULT_MARKER_ENV})")))
                           .otherwise(F.col("raw")))
-
-
-def _forms(x: Column) -> Column:
-    """A field's VARIANT value and the forms comparisons and keys read, as one struct."""
-    fv = field_value(x)
-    return F.struct(x.alias("x"), fv.json.alias("json"), fv.num.alias("num"), fv.str.alias("str"))
-
-
-def snapshot_shape(rules: DataFrame) -> tuple[list[str], int]:
-    """Every JSON path the rule snapshot reads now (conditions, key, time, value), and
-    the most conditions a rule has."""
-    cond_paths = F.coalesce(F.transform("conditions", lambda c: c["path"]), F.array().cast("array<string>"))
-    every = F.concat(cond_paths, F.array("key_path", "ts_path", "val_path"))
-    rows = rules.select(every.alias("p"), F.size("conditions").alias("n")).collect()
-    paths = sorted({p for r in rows for p in (r["p"] or []) if p is not None})
-    return paths, max([r["n"] or 0 for r in rows], default=0)
-
-
-def route_path(rules: DataFrame) -> str | None:
-    """The path most threshold rules test with `==` against a string (e.g. an event
-    type), if at least two do: the threshold join is keyed by its value as well.
-
-    Rules are data, so the join of events with rules is keyed by topic alone, and every
-    event met every rule of its topic: with 50 threshold rules, 50 condition checks per
-    event although a rule on `type == "purchase"` can only pass purchases. Keyed by the
-    value at this path too (the Ververica demo's routing before evaluation), an event
-    meets only the rules routed to its value, plus the rules with no such condition.
-    Fixed for the query's life; a rule published later on another path is simply not
-    routed (all its conditions are still checked).
-    """
-    eq = F.filter("conditions", lambda c: (c["op"] == "==") & (c["kind"] == "str"))
-    rows = rules.filter(F.col("rule_type") == "threshold").select(F.transform(eq, lambda c: c["path"]).alias("p"))
-    counts: dict[str, int] = {}
-    for r in rows.collect():
-        for p in set(r["p"] or []):
-            counts[p] = counts.get(p, 0) + 1
-    best = max(counts.items(), key=lambda kv: (kv[1], kv[0]), default=None)
-    return best[0] if best and best[1] >= 2 else None
-
-
-# The routing key of events and rules that take part in every event's routing.
-ANY_ROUTE = "\u0000any"
-
-
-_ORDERING = ("<", ">", "<=", ">=")
-
-
-def _unreadable(c: Column, f: Column) -> Column:
-    """Condition `c` compares a number with an ordering operator and the event's value
-    at its path is there but is no number (`"abc"`, a literal beyond the double range):
-    the rule cannot read it, which is counted (why nothing fired), not an error."""
-    return ((c["kindc"] == F.lit(KIND_CODES["num"])) & c["opc"].isin(*[OP_CODES[o] for o in _ORDERING])
-            & f["json"].isNotNull() & f["num"].isNull())
-
-
-def _passes(conditions: Column, fast: Column, known: Callable[[Column], Column],
-            slots: int) -> tuple[Column, Column, Column]:
-    """Whether an event passes all of a rule's conditions; the path of a value that
-    kept it from passing because the rule could not read it (NULL when none did); and
-    whether either holds (the same as `passes | blocked IS NOT NULL`, as one smaller
-    expression: the plan is optimized again at every micro-batch, and its time grows
-    with the size of its expressions).
-
-    Higher-order functions (forall over the array) are evaluated interpreted, and in
-    Spark 4.2 every element or field read by an interpreted expression costs a
-    configuration lookup; per (event, rule) row that dominated the job. So a rule with
-    at most `slots` conditions (as many as the rules had at start), all on paths read
-    up front (`fast`, decided once per rule on the small side of the join), is compared
-    as plain generated code; forall is only reached by the others. `known` takes a
-    condition and returns the forms of its value read up front.
-
-    The second value is set only when every other condition passes: an event that fails
-    the rule anyway was not kept from firing by the unreadable value.
-    """
-    n = F.size(conditions)
-    fixed = F.lit(True)
-    fixed_or_unread = F.lit(True)
-    unread_path: Column = F.lit(None).cast("string")
-    for i in range(slots):
-        c = F.get(conditions, i)
-        f = known(c)
-        ok = compare_spec(FieldValue(f["json"], f["num"], f["str"]), c["opc"], c["kindc"], c["num"], c["str"], c["flag"],
-                          coded=True)
-        unread = (n > F.lit(i)) & _unreadable(c, f)
-        fixed = fixed & ((n <= F.lit(i)) | ok)
-        fixed_or_unread = fixed_or_unread & ((n <= F.lit(i)) | ok | unread)
-        unread_path = F.coalesce(unread_path, F.when(unread, c["path"]))
-
-    def slow_ok(c: Column) -> Column:
-        return compare_spec(field_value(field(F.col("v"), c["path"])), c["opc"], c["kindc"], c["num"], c["str"],
-                            c["flag"], coded=True)
-
-    def slow_unread(c: Column) -> Column:
-        return _unreadable(c, _forms(field(F.col("v"), c["path"])))
-
-    rest = F.forall(conditions, slow_ok)
-    rest_or_unread = F.forall(conditions, lambda c: slow_ok(c) | slow_unread(c))
-    rest_path = F.get(F.filter(conditions, slow_unread), 0)["path"]
-    passes = conditions.isNotNull() & F.when(fast, fixed).otherwise(rest)
-    blocked = F.when(fast, F.when(fixed_or_unread, unread_path)).otherwise(F.when(rest_or_unread, rest_path))
-    either = conditions.isNotNull() & F.when(fast, fixed_or_unread).otherwise(rest_or_unread)
-    return passes, F.when(conditions.isNotNull() & ~passes, blocked), either
-
-
-def _fan_out(events: DataFrame, rules: DataFrame, known_paths: list[str] | None = None,
-             max_conditions: int = 4, keep_malformed: bool = False, max_ahead_ms: int = 5_000,
-             route: str | None = None) -> DataFrame:
-    """One row per (event, rule whose conditions it passes), with the rule's key, event
-    time and value read from the event.
-
-    Paths are data (the rules), so reading a field at a path taken from a rule parses
-    that path for every row. The paths known when the query starts (`known_paths`) are
-    read once per event instead, as constants, into an array of their forms; each rule
-    carries, per path it reads, that path's index in the array (found once per rule, on
-    the small side of the join), so the per-(event, rule) work is an array access. (A
-    map keyed by path cost a string comparison per entry and lookup: 11% of the JVM's
-    time in the job's plan.) A rule with a path not in the array (published later)
-    reads it directly: slower, same value.
-
-    Everything that depends on the rule alone (its name, the indices) is computed on
-    the rules side: per joined row it would be recomputed for every event.
-    """
-    v = F.col("v")
-    known_paths = known_paths or ["$"]  # the array needs one entry to have its type; "$" is a valid path
-    if route is not None and route not in known_paths:
-        route = None
-    events = events.select("*", F.array(*[_forms(field(v, F.lit(p))) for p in known_paths]).alias("_fa"))
-    if route is not None:
-        # Each event joins under its routing value and under ANY_ROUTE (the rules that
-        # are not routed); a record that is not an event only under ANY_ROUTE, so a
-        # dead letter comes out once.
-        value = F.col("_fa")[known_paths.index(route)]["str"]
-        keys = F.when(F.col("_reason").isNull() & value.isNotNull() & (value != F.lit(ANY_ROUTE)),
-                      F.array(value, F.lit(ANY_ROUTE))).otherwise(F.array(F.lit(ANY_ROUTE)))
-    else:
-        keys = F.array(F.lit(ANY_ROUTE))
-    events = events.select("*", F.explode(keys).alias("_route"))
-    paths = F.array(*[F.lit(p) for p in known_paths])
-
-    def index_of(path: Column) -> Column:
-        # 0-based index into `_fa`; NULL when the path is not read up front.
-        i = F.array_position(paths, path)
-        return F.when(path.isNotNull() & (i > F.lit(0)), (i - F.lit(1)).cast("int"))
-
-    def at(i: Column) -> Column:
-        return F.col("_fa")[i]
-
-    def lookup(path: Column, i: Column) -> Column:
-        return F.when(i.isNotNull(), at(i)).otherwise(_forms(field(v, path)))
-
-    def codes(name: Column, table: dict[str, int]) -> Column:
-        out = F.lit(0)
-        for key, code in table.items():
-            out = F.when(name == F.lit(key), F.lit(code)).otherwise(out)
-        return out
-
-    conditions = F.transform("conditions", lambda c: c.withField("i", index_of(c["path"]))
-                             .withField("opc", codes(c["op"], OP_CODES)).withField("kindc", codes(c["kind"], KIND_CODES)))
-    r = rules.select(
-        *[F.col(c).alias(f"r_{c}") for c in rules.columns if c != "conditions"],
-        conditions.alias("r_conditions"),
-        F.get_json_object("rule_json", "$.name").alias("r_rule_name"),
-        ((F.size("conditions") <= F.lit(max_conditions))
-         & F.forall(conditions, lambda c: c["i"].isNotNull())).alias("r_fast"),
-        index_of(F.col("key_path")).alias("r_key_i"),
-        index_of(F.col("ts_path")).alias("r_ts_i"),
-        index_of(F.col("val_path")).alias("r_val_i"),
-        F.coalesce(F.get(F.filter("conditions", lambda c: (c["path"] == F.lit(route)) & (c["op"] == "==")
-                                  & (c["kind"] == "str")), 0)["str"], F.lit(ANY_ROUTE)).alias("r_route"),
-    )
-    passes, blocked, passes_or_blocked = _passes(F.col("r_conditions"), F.col("r_fast"), lambda c: at(c["i"]),
-                                                 max_conditions)
-    on = (
-        (events["in_topic"] == r["r_topic"])
-        & (events["_route"] == r["r_route"])
-        & (r["r_route_from"].isNull() | (r["r_route_from"] == events["route_from"]))
-        # Rows kept from passing only by a value the rule cannot read are joined too, to
-        # be counted (`skip`) and then dropped.
-        & passes_or_blocked
-    )
-    if keep_malformed:
-        # Records that are not events come through once, with no rule, to be dead
-        # letters: the same scan of the input serves both.
-        joined = events.join(F.broadcast(r), on & F.col("_reason").isNull(), "left").filter(
-            F.col("r_rule_id").isNotNull() | F.col("_reason").isNotNull()
-        )
-    else:
-        joined = events.filter(F.col("_reason").isNull()).join(F.broadcast(r), on)
-    extracted = joined.select(
-        "*",
-        F.when(~passes, F.concat(F.lit("value at "), blocked, F.lit(" is not a number"))).alias("_skip"),
-        lookup(F.col("r_key_path"), F.col("r_key_i")).alias("_fk"),
-        lookup(F.col("r_ts_path"), F.col("r_ts_i")).alias("_ft"),
-        lookup(F.col("r_val_path"), F.col("r_val_i")).alias("_fv"),
-    )
-    ts = F.when(F.col("r_ts_path").isNull(), F.col("proc_ms")).otherwise(
-        timestamp_of(F.col("_ft")["num"], F.col("_ft")["str"]))
-    # An event time far ahead of the broker's clock would move the job watermark with it
-    # and make every on-time record after it late: such a record is a dead letter for
-    # the event-time rules instead (`ts_issue` is the reason the processor gives).
-    too_far = (F.col("r_event_time") & ts.isNotNull() & F.col("proc_ms").isNotNull()
-               & (ts > F.col("proc_ms") + F.lit(max_ahead_ms)))
-    return extracted.select(
-        F.col("r_rule_id").alias("rule_id"),
-        F.col("r_rule_version").alias("rule_version"),
-        F.col("r_rule_type").alias("rule_type"),
-        F.col("r_rule_name").alias("rule_name"),
-        F.col("r_role").alias("role"),
-        F.col("r_rule_ref").alias("rule_ref"),
-        F.col("r_event_time").alias("event_time"),
-        F.col("r_val_need").alias("val_need"),
-        F.col("r_key_path").alias("key_path"),
-        F.col("r_val_path").alias("val_path"),
-        "topic", "seq", "raw", "proc_ms", "_reason", "_skip",
-        F.when(F.col("r_key_path").isNull(), F.lit("")).otherwise(F.col("_fk")["json"]).alias("k"),
-        F.when(too_far, F.lit(None)).otherwise(ts).alias("ts_ms"),
-        F.when(too_far, F.lit(f"event time more than {max_ahead_ms} ms ahead of the record's broker timestamp"))
-        .alias("ts_issue"),
-        F.col("_fv")["num"].alias("num"),
-        F.col("_fv")["json"].alias("jv"),
-    )
 
 
 # Kafka refuses records over the topic's `max.message.bytes` (1 MB by default): a
@@ -459,17 +248,15 @@ def _skipped() -> Column:
     return F.collect_list(F.when(F.col("_skip").isNotNull(), F.concat_ws(SKIP_SEP, "rule_id", "_skip"))).alias("rows")
 
 
-def threshold_rows(raw: DataFrame, rules: DataFrame, known_paths: list[str], slots: int,
-                   route: str | None = None) -> DataFrame:
+def threshold_rows(raw: DataFrame, rules: Sequence[RuleRow]) -> DataFrame:
     """Per (event, threshold rule it passes) one row, plus each record that is not an
     event once (rule_id NULL, `_reason` set); rows a value the rule cannot read kept
     from passing are counted (observed `skipped_threshold`) and dropped."""
-    rows = _fan_out(raw, rules.filter(F.col("rule_type") == "threshold"), known_paths, slots, keep_malformed=True,
-                    route=route)
+    rows = fan_out(raw, [r for r in rules if r.rule_type == "threshold"], keep_malformed=True)
     return rows.observe("skipped_threshold", _skipped()).filter(F.col("_skip").isNull())
 
 
-def keyed_rows(raw: DataFrame, rules: DataFrame, known_paths: list[str], slots: int, max_ahead_ms: int) -> DataFrame:
+def keyed_rows(raw: DataFrame, rules: Sequence[RuleRow], max_ahead_ms: int) -> DataFrame:
     """The stateful operator's input: per (event, velocity/correlation rule it passes)
     one row with its key, time and value.
 
@@ -479,8 +266,7 @@ def keyed_rows(raw: DataFrame, rules: DataFrame, known_paths: list[str], slots: 
     numbers) is counted per rule and reason (observed `skipped_keyed`), so "why did
     nothing fire" has an answer in the status.
     """
-    keyed = _fan_out(raw, rules.filter(F.col("rule_type") != "threshold"), known_paths, slots,
-                     max_ahead_ms=max_ahead_ms)
+    keyed = fan_out(raw, [r for r in rules if r.rule_type != "threshold"], max_ahead_ms=max_ahead_ms)
     not_number = (F.col("val_need") == "num") & F.col("jv").isNotNull() & F.col("num").isNull()
     skip = F.coalesce(
         F.col("_skip"),
@@ -495,27 +281,18 @@ def keyed_rows(raw: DataFrame, rules: DataFrame, known_paths: list[str], slots: 
 
 
 def build(spark: SparkSession, cfg: DetectConfig, watermark_delay_s: float, topics: list[str],
-          buckets: int = DEFAULT_KEY_BUCKETS, min_partitions: int = 0,
+          rules: Sequence[RuleRow], buckets: int = DEFAULT_KEY_BUCKETS, min_partitions: int = 0,
           quarantined: list[OffsetRange] | None = None) -> DataFrame:
-    """The whole job as one streaming DataFrame of (topic, key, value) Kafka records.
+    """The whole job as one streaming DataFrame of (topic, key, value) Kafka records,
+    with `rules` (the rule set in force) compiled into it (compiled.py).
 
     Records in `quarantined` offset ranges are dead letters, never evaluated (quarantine.py).
     """
-    spark.dataSource.register(RulesSnapshotDataSource)
     raw = classify(_with_fault(_input(spark, cfg, topics, min_partitions, quarantined)))
     raw = raw.withColumn("_reason", F.coalesce(F.col("_quarantine"), F.col("_reason")))
-    rules = (
-        spark.read.format("rules_snapshot")
-        .option("path", str(cfg.state_dir / "rules.json"))
-        .option("routed_topic", ROUTED_TOPIC)
-        .option("defs_dir", str(cfg.state_dir / RULE_DEFS))
-        .load()
-    )
-    known_paths, max_conditions = snapshot_shape(rules)
-    slots = max(1, max_conditions)
 
     # Threshold detections and the records that are not events: one scan.
-    threshold = threshold_rows(raw, rules, known_paths, slots, route_path(rules))
+    threshold = threshold_rows(raw, rules)
     matched = F.col("rule_id").isNotNull()
     threshold_records = _records(
         threshold.withColumn("ts_ms", F.col("proc_ms")).withColumn("reason", F.col("_reason")),
@@ -526,7 +303,7 @@ def build(spark: SparkSession, cfg: DetectConfig, watermark_delay_s: float, topi
 
     # Velocity and correlation: the other scan, through the stateful operator (which
     # also dead-letters late rows and event-time rows without a usable timestamp).
-    keyed = keyed_rows(raw, rules, known_paths, slots, max_ahead_ms=max(1_000, int(watermark_delay_s * 1000)))
+    keyed = keyed_rows(raw, rules, max_ahead_ms=max(1_000, int(watermark_delay_s * 1000)))
     # The job watermark: bounded out-of-orderness over event-time rows. The metadata is
     # then projected away (wm_ts re-derived) so Spark does not drop late rows silently;
     # the processor dead-letters them instead.
@@ -573,7 +350,11 @@ class StatusReporter:
         self.run_id: str | None = None
         self.progress: dict | None = None
         self.state = "starting"
-        self._producer = Producer({"bootstrap.servers": cfg.bootstrap, "linger.ms": 5})
+        # The rule set compiled into the running query, and how often rule changes
+        # restarted it.
+        self.in_force: Compiled | None = None
+        self.rule_reloads = 0
+        self._producer = Producer(with_bootstrap(cfg.bootstrap, ROLE, {"linger.ms": 5}))
 
     def snapshot(self) -> dict:
         rules = self.registry.current()
@@ -608,7 +389,10 @@ class StatusReporter:
             "restart_required": bool(reasons),
             "restart_reasons": reasons,
             "source_topics": self.topics,
-            "rule_versions": rules.versions(),
+            # The versions the running query evaluates (a change applies once the
+            # query has restarted with it: in_force), not those the registry has read.
+            "rule_versions": self.in_force.versions() if self.in_force is not None else rules.versions(),
+            "rule_reloads": self.rule_reloads,
             "rule_problems": self.registry.problem_count,
             # Micro-batches that failed since the job started, the last failure and what
             # was done about it, and the offset ranges whose records were quarantined.
@@ -693,17 +477,33 @@ def _stop_after_batch_in_flight(query: object, timeout_s: float = 60.0) -> None:
     query.stop()  # type: ignore[attr-defined]
 
 
+@dataclass
+class Compiled:
+    """The rule set a running query evaluates: the registry snapshot it was built from."""
+
+    snapshot: str
+    rules: dict
+
+    def versions(self) -> dict[str, str]:
+        return {rid: str(d.get("version")) for rid, d in sorted(self.rules.items())}
+
+
 def _start_query(spark: SparkSession, cfg: DetectConfig, delay: float, topics: list[str],
-                 quarantine: Quarantine) -> StreamingQuery:
-    plan = build(spark, cfg, delay, topics, key_buckets(cfg), min_partitions=2 * _cores(spark),
+                 quarantine: Quarantine) -> tuple[StreamingQuery, Compiled]:
+    """Start the query with the registry's current snapshot compiled into its plan."""
+    text = read_snapshot(cfg.state_dir / "rules.json")
+    rules = json.loads(text)
+    rows = rows_of(rules, ROUTED_TOPIC, cfg.state_dir / RULE_DEFS)
+    plan = build(spark, cfg, delay, topics, rows, key_buckets(cfg), min_partitions=2 * _cores(spark),
                  quarantined=quarantine.active_ranges())
-    return (
-        write_stream(plan, cfg.bootstrap)
+    query = (
+        write_stream(plan, cfg.bootstrap, role=ROLE)
         .option("checkpointLocation", str(cfg.checkpoint / "query"))
         .trigger(processingTime=f"{cfg.trigger_ms} milliseconds")
         .queryName("detections")
         .start()
     )
+    return query, Compiled(text, rules)
 
 
 def run(cfg: DetectConfig, stop: threading.Event | None = None) -> int:
@@ -720,9 +520,9 @@ def run(cfg: DetectConfig, stop: threading.Event | None = None) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
     admin.create_topics(cfg.bootstrap, [cfg.sink_topic, cfg.dead_letter_topic, cfg.status_topic, ROUTED_TOPIC,
-                                        cfg.rules_topic])
-    dlq = Producer({"bootstrap.servers": cfg.bootstrap})
-    registry = RuleRegistry(cfg.bootstrap, cfg.state_dir, cfg.rules_topic,
+                                        cfg.rules_topic], role=ROLE)
+    dlq = Producer(with_bootstrap(cfg.bootstrap, ROLE))
+    registry = RuleRegistry(cfg.bootstrap, cfg.state_dir, cfg.rules_topic, role=ROLE,
                             on_problem=lambda p: report_rule_problem(cfg, dlq, p))
     registry.start()
     delay = job_watermark_delay_s(list(registry.current().rules.values()))
@@ -733,7 +533,7 @@ def run(cfg: DetectConfig, stop: threading.Event | None = None) -> int:
     topics = source_topics(cfg, registry.current().topics())
     quarantine = Quarantine(cfg.checkpoint)
     status = StatusReporter(cfg, registry, delay, topics, quarantine)
-    query = _start_query(spark, cfg, delay, topics, quarantine)
+    query, status.in_force = _start_query(spark, cfg, delay, topics, quarantine)
     status.query_id, status.run_id, status.state = str(query.id), str(query.runId), "running"
     log.info("detection job started: query %s, watermark delay %ss", query.id, delay)
     status.publish()
@@ -741,6 +541,7 @@ def run(cfg: DetectConfig, stop: threading.Event | None = None) -> int:
     last_batch = None
     try:
         while True:
+            reload = False
             while query.isActive and not stop.is_set():
                 stop.wait(0.5)
                 p = query.lastProgress
@@ -748,7 +549,21 @@ def run(cfg: DetectConfig, stop: threading.Event | None = None) -> int:
                     last_batch = p.get("batchId")
                     status.progress = p
                     status.count_unreadable(p)
+                # A new rule set is a new plan (compiled.py): after the batch in flight,
+                # the query restarts on its checkpoint (same query id, state kept).
+                reload = read_snapshot(cfg.state_dir / "rules.json") != status.in_force.snapshot
+                if reload:
+                    break
                 status.publish()
+            if reload and not stop.is_set():
+                _stop_after_batch_in_flight(query)
+                if query.exception() is None:
+                    query, status.in_force = _start_query(spark, cfg, delay, topics, quarantine)
+                    status.run_id = str(query.runId)
+                    status.rule_reloads += 1
+                    log.info("rules changed: query restarted with versions %s", status.in_force.versions())
+                    status.publish()
+                    continue
             if query.isActive or query.exception() is None:
                 _stop_after_batch_in_flight(query)
                 status.state = "stopped"
@@ -763,7 +578,7 @@ def run(cfg: DetectConfig, stop: threading.Event | None = None) -> int:
                 exit_code = 1
                 break
             log.warning("detection query failed (%s); restarting it: %s", decision, error[:500])
-            query = _start_query(spark, cfg, delay, topics, quarantine)
+            query, status.in_force = _start_query(spark, cfg, delay, topics, quarantine)
             status.run_id = str(query.runId)
             status.publish()
     finally:

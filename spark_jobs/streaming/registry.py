@@ -28,6 +28,7 @@ from confluent_kafka import Consumer, TopicPartition
 from pydantic import ValidationError
 
 from spark_jobs.kafka import admin
+from spark_jobs.kafka.client_config import with_bootstrap
 from spark_jobs.rules.model import AnyRule, CorrelationRule, VelocityRule, parse_rule, rule_to_json_dict
 from spark_jobs.rules.version_order import compare_versions
 
@@ -157,6 +158,7 @@ class RuleRegistry:
         on_problem: Callable[[RuleProblem], None] | None = None,
         poll_interval_s: float = 0.2,
         signing_key: bytes | None = None,
+        role: str | None = None,
     ) -> None:
         self.bootstrap = bootstrap
         self.topic = topic
@@ -167,6 +169,8 @@ class RuleRegistry:
         self._rules: dict[str, AnyRule] = {}
         self._seen: dict[str, tuple[str, str]] = {}
         self._offsets: dict[int, int] = {}
+        # The principal its consumers act as (the job's: `detector`), None: the process's.
+        self.role = role
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -183,14 +187,13 @@ class RuleRegistry:
     # -- reading ---------------------------------------------------------------------
     def _ensure_consumer(self) -> Consumer:
         if self._consumer is None:
-            admin.create_topics(self.bootstrap, [self.topic])
-            self._consumer = Consumer({
-                "bootstrap.servers": self.bootstrap,
+            admin.create_topics(self.bootstrap, [self.topic], role=self.role)
+            self._consumer = Consumer(with_bootstrap(self.bootstrap, self.role, {
                 "group.id": f"rules-registry-{os.getpid()}",
                 "enable.auto.commit": False,
                 "enable.partition.eof": False,
-            })
-            parts = admin.topic_partitions(self.bootstrap, self.topic)
+            }))
+            parts = admin.topic_partitions(self.bootstrap, self.topic, role=self.role)
             self._offsets = {p: 0 for p in parts}
             self._consumer.assign([TopicPartition(self.topic, p, 0) for p in parts])
         return self._consumer
@@ -199,7 +202,7 @@ class RuleRegistry:
         """Read every record up to the current end of the topic; True if rules changed."""
         consumer = self._ensure_consumer()
         if self._probe is None:
-            self._probe = admin.probe_consumer(self.bootstrap)
+            self._probe = admin.probe_consumer(self.bootstrap, role=self.role)
         ends = admin.end_offsets(self._probe, [(self.topic, p) for p in self._offsets])
         target = {p: hi for (_t, p), (_lo, hi) in ends.items()}
         changed = False

@@ -1,13 +1,9 @@
-"""Rules as data: a batch Python data source over the registry's `rules.json`.
-
-The streaming query joins every micro-batch with this static DataFrame; Spark re-reads
-a static Python data source at each micro-batch, so the join always sees the current
-snapshot, and within one batch every task sees the same one (a broadcast).
+"""The roles a rule plays in the live plan, and its definition stored by content.
 
 Each rule becomes one row per role it plays: `source` (events of its source topic),
 `context` (a correlation rule's context topic) or `routed` (a correlation rule fed by a
 velocity rule's routed emits). Paths are pre-converted to JSON paths and condition
-values to typed specs, so the query evaluates them with the engine's own expressions.
+values to typed specs; compiled.py turns the rows into the plan's expressions.
 """
 
 from __future__ import annotations
@@ -15,10 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
-
-from pyspark.sql.datasource import DataSource, DataSourceReader
 
 from spark_jobs.engine.conditions import value_spec
 from spark_jobs.engine.values import json_path
@@ -28,14 +21,6 @@ from spark_jobs.rules.model import (
     CorrelationRule,
     ThresholdRule,
     VelocityRule,
-    parse_rule,
-)
-
-RULES_SCHEMA = (
-    "rule_id string, rule_version string, rule_type string, role string, topic string, route_from string, "
-    "rule_json string, event_time boolean, "
-    "conditions array<struct<path:string,op:string,kind:string,num:double,str:string,flag:boolean>>, "
-    "key_path string, ts_path string, val_path string, val_need string, rule_ref string"
 )
 
 # Folder (in the job's state directory) of rule definitions by content hash: the keyed
@@ -76,7 +61,7 @@ def _path(p: str | None) -> str | None:
 
 
 def rule_rows(rule: AnyRule, routed_topic: str, defs_dir: str | Path | None = None) -> list[tuple]:
-    """The rows of RULES_SCHEMA for one rule (its definition stored in `defs_dir`)."""
+    """The rows (compiled.RuleRow fields) for one rule (its definition stored in `defs_dir`)."""
     rows = _rule_rows(rule, routed_topic)
     rj = rows[0][6]
     ref = write_rule_def(defs_dir, rj) if defs_dir is not None else rule_ref(rj)
@@ -112,31 +97,3 @@ def _rule_rows(rule: AnyRule, routed_topic: str) -> list[tuple]:
     rows.append((*base, "context", rule.context_topic, None, rj, True, type_filter,
                  _path(rule.correlation_key), _path(rule.timestamp_field), _path(rule.context_value_field), need))
     return rows
-
-
-class RulesSnapshotReader(DataSourceReader):
-    def __init__(self, path: str, routed_topic: str, defs_dir: str | None) -> None:
-        self.path = path
-        self.routed_topic = routed_topic
-        self.defs_dir = defs_dir
-
-    def read(self, partition: object) -> Iterator[tuple]:
-        p = Path(self.path)
-        data = json.loads(p.read_text()) if p.exists() else {}
-        for d in data.values():
-            yield from rule_rows(parse_rule(d), self.routed_topic, self.defs_dir)
-
-
-class RulesSnapshotDataSource(DataSource):
-    """`spark.read.format("rules_snapshot").option("path", ...).load()`"""
-
-    @classmethod
-    def name(cls) -> str:
-        return "rules_snapshot"
-
-    def schema(self) -> str:
-        return RULES_SCHEMA
-
-    def reader(self, schema: object) -> DataSourceReader:
-        return RulesSnapshotReader(self.options["path"], self.options.get("routed_topic", "detect.routed"),
-                                   self.options.get("defs_dir"))

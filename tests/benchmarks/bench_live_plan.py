@@ -37,7 +37,8 @@ from spark_jobs.kafka.spark_io import read_batch  # noqa: E402
 from spark_jobs.rules.model import parse_rule  # noqa: E402
 from spark_jobs.spark import session  # noqa: E402
 from spark_jobs.streaming import job  # noqa: E402
-from spark_jobs.streaming.rules_source import RulesSnapshotDataSource  # noqa: E402
+from spark_jobs.streaming.compiled import rows_of  # noqa: E402
+from spark_jobs.streaming.registry import ROUTED_TOPIC  # noqa: E402
 
 
 def produce(bootstrap: str, n: int, users: int) -> None:
@@ -72,9 +73,8 @@ def main() -> None:
         make_rules(work / "rules")
         rules = {r["rule_id"]: parse_rule(r).model_dump(mode="json")
                  for r in yaml.safe_load((work / "rules" / "bench.yaml").read_text())}
-        (work / "rules.json").write_text(json.dumps(rules))
+        rows = rows_of(json.loads(json.dumps(rules)), ROUTED_TOPIC, work / "defs")
         spark = session("bench-live-plan")
-        spark.dataSource.register(RulesSnapshotDataSource)
         records = read_batch(spark, broker.bootstrap, ["events.raw"], options={"minPartitions": "4"})
         raw = classify(records.select(
             F.col("topic").alias("in_topic"), "topic",
@@ -82,11 +82,6 @@ def main() -> None:
             F.lit(None).cast("string").alias("route_from"), F.col("value").cast("string").alias("raw"),
             F.unix_millis("timestamp").alias("proc_ms"),
         ))
-        rules_df = (spark.read.format("rules_snapshot").option("path", str(work / "rules.json"))
-                    .option("defs_dir", str(work / "defs")).load())
-        paths, most = job.snapshot_shape(rules_df)
-        slots = max(1, most)
-        route = job.route_path(rules_df)
 
         def timed(name: str, df: DataFrame) -> None:
             for _ in range(2):  # the second run is warm
@@ -97,11 +92,11 @@ def main() -> None:
                   flush=True)
 
         print(f"machine: {platform.machine()} {platform.processor() or ''}, python {platform.python_version()}, "
-              f"Spark local[2]; {n} events, {args.users} users, routing path {route}")
+              f"Spark local[2]; {n} events, {args.users} users, {len(rows)} rule rows compiled into the plan")
         timed("Kafka read", records)
         timed("Kafka read + classify (VARIANT parse)", raw)
-        timed("threshold_rows (stateless branch)", job.threshold_rows(raw, rules_df, paths, slots, route))
-        keyed = job.keyed_rows(raw, rules_df, paths, slots, max_ahead_ms=10**12)
+        timed("threshold_rows (stateless branch)", job.threshold_rows(raw, rows))
+        keyed = job.keyed_rows(raw, rows, max_ahead_ms=10**12)
         timed("keyed_rows (the stateful operator's input)", keyed)
         print(f"keyed rows per event: {keyed.count() / n:.2f}")
         spark.stop()

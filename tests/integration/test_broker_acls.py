@@ -67,3 +67,51 @@ def test_only_the_publisher_may_write_rules_active(secure_broker) -> None:
         break
     c.close()
     assert got and got[0]["version"] == "9"
+
+
+def test_a_log_formatted_without_users_gets_them_and_keeps_its_data(tmp_path) -> None:
+    """A work folder from before security was the default (`var/kafka` formatted
+    plaintext) starts secured: the users are added once, the records stay, and a client
+    without credentials is refused from then on."""
+    from spark_jobs.kafka.admin import read_all
+
+    data = tmp_path / "kafka"
+    with EmbeddedBroker(port=free_port(), topics=("rules.active",), data_dir=data) as plain:
+        assert _write(plain.bootstrap, {}) is None  # open: anyone writes the rules
+    security = BrokerSecurity.load_or_generate(tmp_path / "kafka-credentials.json")
+    with EmbeddedBroker(port=free_port(), topics=("rules.active",), data_dir=data, security=security) as secured:
+        assert (data / "scram.users").exists()
+        got = read_all(secured.bootstrap, "rules.active", extra=security.client_config("reader"))
+        assert [json.loads(r.value)["version"] for r in got] == ["9"]
+        assert _write(secured.bootstrap, {}) is not None
+        assert _write(secured.bootstrap, security.client_config("detector")) is not None
+        assert _write(secured.bootstrap, security.client_config("publisher")) is None
+
+
+def test_airflows_publish_hook_authenticates_with_its_connection(secure_broker, monkeypatch) -> None:
+    """The release DAG publishes through RulesTopicHook: the `rules_kafka` connection's
+    extra carries the publisher's SASL settings (docker/: the airflow_connections
+    secret); with another principal's there, the broker refuses the release."""
+    from pathlib import Path
+
+    broker, sec = secure_broker
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "plugins"))
+    monkeypatch.delenv("KAFKA_CREDENTIALS_FILE", raising=False)
+    monkeypatch.delenv("RULES_SIGNING_KEY_FILE", raising=False)
+    from rule_lifecycle.hooks import RulesTopicHook
+
+    rule = {**RULE, "version": "10"}
+
+    def connection(user: str) -> None:
+        extra = {"bootstrap.servers": broker.bootstrap, **sec.client_config(user)}
+        monkeypatch.setenv("AIRFLOW_CONN_RULES_KAFKA", json.dumps({"conn_type": "kafka", "extra": extra}))
+
+    connection("detector")
+    with pytest.raises(Exception, match="(?i)authoriz"):
+        RulesTopicHook("rules_kafka").publish([rule], published_by="test")
+    connection("publisher")
+    hook = RulesTopicHook("rules_kafka")
+    assert hook.client_security and hook.client_security["sasl.username"] == "publisher"
+    result = hook.publish([rule], published_by="test")
+    assert [r.version for r in result.published] == ["10"]
+    assert hook.current_rules()["big_purchase"]["version"] == "10"

@@ -3,7 +3,7 @@
 Hypothesis draws batches of events (arbitrary JSON with the field names the rules read,
 extreme numbers, NaN/Infinity literals, non-JSON text) and runs them through every
 stage that reads event data: the backtest end to end, the live job's plan on a real
-Spark session (its threshold and keyed fan-out, with the rules as data) and its keyed
+Spark session (its threshold and keyed fan-out, with the rules compiled into it) and its keyed
 Python operator (pyspark's TwsTester). The only allowed outcomes are detections, dead
 letters and counted skips.
 """
@@ -22,11 +22,10 @@ from pyspark.sql import functions as F
 from spark_jobs.backtest.inputs import InputSpec
 from spark_jobs.backtest.runner import BacktestConfig, run_backtest
 from spark_jobs.engine.events import classify
-from spark_jobs.rules.model import parse_rule
-from spark_jobs.streaming.job import keyed_rows, route_path, snapshot_shape, threshold_rows
+from spark_jobs.streaming.compiled import rows_of
+from spark_jobs.streaming.job import keyed_rows, threshold_rows
 from spark_jobs.streaming.processor import OUTPUT_SCHEMA, DetectionProcessor
 from spark_jobs.streaming.registry import ROUTED_TOPIC
-from spark_jobs.streaming.rules_source import RULES_SCHEMA, rule_rows
 
 pytestmark = [pytest.mark.spark]
 TwsTester = pytest.importorskip("pyspark.sql.streaming.tws_tester").TwsTester
@@ -66,16 +65,13 @@ LINES = st.lists(st.one_of(EVENT.map(lambda e: json.dumps(e)), RAW), min_size=1,
 
 
 def _live_rows(spark, lines: list[str], defs: Path) -> tuple[list, list]:
-    rules = [parse_rule(r) for r in RULES]
-    rules_df = spark.createDataFrame([row for r in rules for row in rule_rows(r, ROUTED_TOPIC, defs)], RULES_SCHEMA)
+    rules = rows_of({r["rule_id"]: r for r in RULES}, ROUTED_TOPIC, defs)
     raw = spark.createDataFrame([(i, line) for i, line in enumerate(lines)], "seq long, raw string").select(
         F.lit("e").alias("in_topic"), F.lit("e").alias("topic"), "seq", F.lit(None).cast("string").alias("route_from"),
         "raw", F.lit(1767600000000).cast("long").alias("proc_ms"))
     events = classify(raw)
-    known, most = snapshot_shape(rules_df)
-    slots = max(1, most)
-    threshold = threshold_rows(events, rules_df, known, slots, route_path(rules_df)).select("rule_id", "_reason").collect()
-    keyed = keyed_rows(events, rules_df, known, slots, max_ahead_ms=5_000).select(
+    threshold = threshold_rows(events, rules).select("rule_id", "_reason").collect()
+    keyed = keyed_rows(events, rules, max_ahead_ms=5_000).select(
         "rule_id", "k", "role", "rule_ref", "event_time", "ts_ms", "seq", "topic", "raw", "num", "jv", "ts_issue"
     ).collect()
     return threshold, keyed

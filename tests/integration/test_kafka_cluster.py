@@ -39,7 +39,7 @@ def test_three_brokers_survive_one_killed_and_it_rejoins(tmp_path: Path) -> None
     data = tmp_path / "kafka"
     log = (tmp_path / "broker.out").open("wb")
     cmd = [sys.executable, "-m", "spark_jobs.cli", "broker", "--brokers", "3", "--port", str(port),
-           "--controller-port", str(cport), "--data-dir", str(data)]
+           "--controller-port", str(cport), "--data-dir", str(data), "--insecure"]  # plaintext: failover, not security
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     bootstrap = ",".join(f"127.0.0.1:{port + i}" for i in range(3))
     try:

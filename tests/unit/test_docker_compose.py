@@ -14,6 +14,7 @@ import yaml
 
 from spark_jobs.cli import build_parser
 from spark_jobs.kafka.broker import EmbeddedBroker
+from spark_jobs.kafka.security import BrokerSecurity
 from spark_jobs.platform.runner import RunnerConfig, detect_command
 from spark_jobs.platform.spark_cluster import LocalSparkCluster, master_command, worker_command
 
@@ -101,14 +102,60 @@ def test_kafka_nodes_have_the_local_clusters_properties(compose: dict, tmp_path:
     for n in (1, 2, 3):
         props = _props(compose["services"][f"kafka-{n}"]["environment"])
         (tmp_path / f"n{n}").mkdir()
+        # The one-machine node with SASL/SCRAM and ACLs on, as `rulectl broker` runs it.
         local = EmbeddedBroker(port=19092, host="127.0.0.1", data_dir=tmp_path / f"n{n}", controller_port=19093,
-                               node_id=n, quorum_voters=voters, replication=3).server_properties()
+                               node_id=n, quorum_voters=voters, replication=3,
+                               security=BrokerSecurity(passwords={"admin": "x"})).server_properties()
         host_specific = {"listeners", "advertised.listeners", "log.dirs", "listener.security.protocol.map",
-                         "controller.quorum.bootstrap.servers", "num.partitions"}
+                         "controller.quorum.bootstrap.servers", "num.partitions",
+                         # the admin's JAAS line: from the secret, written by kafka_node.sh
+                         "listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config"}
         for key, value in local.items():
             if key not in host_specific:
                 assert props.get(key) == value, f"kafka-{n}: {key} is {props.get(key)!r}, the local node has {value!r}"
         assert props["min.insync.replicas"] == "2" and props["default.replication.factor"] == "3"
+        protocols = dict(kv.split(":") for kv in props["listener.security.protocol.map"].split(","))
+        for listener in props["listeners"].split(","):  # every client listener needs SASL
+            name = listener.split("://")[0]
+            assert name == "CONTROLLER" or protocols[name] == "SASL_PLAINTEXT", f"kafka-{n}: {listener}"
+
+
+def test_kafka_credentials_come_from_secrets_one_principal_per_client(compose: dict, tmp_path: Path) -> None:
+    """No password in the compose file or an environment; each client container holds
+    its own principal's credentials only, and the generated secrets are 0600."""
+    text = COMPOSE.read_text()
+    assert "password=" not in text.lower() and "sasl.password" not in text
+    s = compose["services"]
+    node = s["kafka-1"]
+    assert node["secrets"] == ["kafka_admin_password"] and "kafka_node.sh" in " ".join(node["entrypoint"])
+    script = (ROOT / "docker" / "kafka_node.sh").read_text()
+    assert "/run/secrets/kafka_admin_password" in script and "--add-scram" in script
+    assert "listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config" in script
+    assert "--command-config" in " ".join(node["healthcheck"]["test"])
+    expected = {"platform-init": "kafka_credentials", "detect-runner": "kafka_detector", "demo": "kafka_producer"}
+    for name, secret in expected.items():
+        assert secret in s[name]["secrets"], name
+        assert s[name]["environment"]["KAFKA_CREDENTIALS_FILE"] == f"/run/secrets/{secret}", name
+    airflow_env = compose["x-airflow-env"]
+    assert not any(k.startswith("AIRFLOW_CONN_") for k in airflow_env)  # connections come from the secret
+
+    from spark_jobs.platform.identity import make_docker_secrets
+
+    made = {p.name: p for p in make_docker_secrets(tmp_path / "secrets")}
+    for declared in compose["secrets"].values():
+        assert Path(declared["file"]).name in made, declared
+    for p in made.values():
+        assert p.stat().st_mode & 0o777 == 0o600, p.name
+    import json
+
+    everyone = json.loads(made["kafka_credentials.json"].read_text())
+    assert json.loads(made["kafka_detector.json"].read_text()) == {"detector": everyone["detector"]}
+    assert json.loads(made["kafka_producer.json"].read_text()) == {"producer": everyone["producer"]}
+    assert made["kafka_admin_password"].read_text() == everyone["admin"]
+    conns = json.loads(made["airflow_connections.json"].read_text())
+    assert conns["detect_kafka"]["extra"]["sasl.username"] == "supervisor"
+    assert conns["detect_kafka_producer"]["extra"]["sasl.password"] == everyone["supervisor"]
+    assert conns["rules_kafka"]["extra"]["sasl.username"] == "publisher"
 
 
 def test_the_runner_container_runs_what_the_supervision_test_runs(compose: dict) -> None:

@@ -327,3 +327,66 @@ def test_readiness_is_reported_once(tmp_path: Path) -> None:
     sup.stop_all()
     assert out.getvalue().count("svc is up") == 1
     assert hook_calls == ["called"]
+
+
+# ----------------------------------------------------------------------------- Kafka security
+
+
+def test_every_child_authenticates_through_the_credentials_file_and_insecure_is_explicit(tmp_path: Path) -> None:
+    """Security is the default: children get the file's path (never a password), the
+    supervisor's Kafka connections carry SASL settings in the 0600 connections file, not
+    in an environment; `--insecure` removes all of it."""
+    import json
+
+    from spark_jobs.kafka.client_config import CREDENTIALS_ENV
+    from spark_jobs.kafka.security import BrokerSecurity
+
+    paths = up.Paths(tmp_path)
+    args = build_parser().parse_args(["up", "--port", "19092", "--workdir", str(tmp_path)])
+    assert not args.insecure
+    security = BrokerSecurity.load_or_generate(paths.kafka_credentials_file)
+    assert paths.kafka_credentials_file.stat().st_mode & 0o777 == 0o600
+    assert BrokerSecurity.load_or_generate(paths.kafka_credentials_file).passwords == security.passwords  # kept
+    specs = up.plan(args, "127.0.0.1:19092", paths, "/opt/bin/airflow")
+    for spec in specs:
+        env = spec.env or {}
+        assert env[CREDENTIALS_ENV] == str(paths.kafka_credentials_file), spec.name
+        assert "KAFKA_PRINCIPAL" not in env
+        assert not any(pw in " ".join(map(str, [*spec.argv, *env.values()])) for pw in security.passwords.values())
+        assert not any(k.startswith("AIRFLOW_CONN_DETECT") for k in env), spec.name
+    users = up.demo_users(paths)
+    conns = json.loads(up.write_connections(paths, args, users).read_text())
+    assert paths.connections_file.stat().st_mode & 0o777 == 0o600
+    for cid in ("detect_kafka", "detect_kafka_producer"):
+        extra = conns[cid]["extra"]
+        assert extra["bootstrap.servers"] == "127.0.0.1:19092"
+        assert (extra["security.protocol"], extra["sasl.mechanism"]) == ("SASL_PLAINTEXT", "SCRAM-SHA-512")
+        assert (extra["sasl.username"], extra["sasl.password"]) == ("supervisor", security.passwords["supervisor"])
+
+    insecure = build_parser().parse_args(["up", "--insecure", "--workdir", str(tmp_path / "dev")])
+    dev = up.Paths(tmp_path / "dev")
+    for spec in up.plan(insecure, "127.0.0.1:9092", dev, "/opt/bin/airflow"):
+        assert CREDENTIALS_ENV not in (spec.env or {}), spec.name
+    assert "AIRFLOW_CONN_DETECT_KAFKA" in (up.airflow_env(insecure, "127.0.0.1:9092", dev))
+    assert "detect_kafka" not in json.loads(up.write_connections(dev, insecure, up.demo_users(dev)).read_text())
+
+
+def test_client_config_is_the_one_place_settings_become_sasl(tmp_path: Path, monkeypatch) -> None:
+    from spark_jobs.kafka import client_config as cc
+
+    monkeypatch.delenv(cc.CREDENTIALS_ENV, raising=False)
+    monkeypatch.delenv("KAFKA_PRINCIPAL", raising=False)
+    assert cc.confluent_config("detector") == {} and cc.spark_options("detector") == {}  # plaintext broker
+    creds = tmp_path / "creds.json"
+    creds.write_text('{"detector": "d-pw", "reader": "r\\"pw"}')
+    monkeypatch.setenv(cc.CREDENTIALS_ENV, str(creds))
+    assert cc.confluent_config("detector") == {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-512",
+                                               "sasl.username": "detector", "sasl.password": "d-pw"}
+    opts = cc.spark_options("reader")
+    assert opts["kafka.security.protocol"] == "SASL_PLAINTEXT" and opts["kafka.sasl.mechanism"] == "SCRAM-SHA-512"
+    # A quote in a password cannot end the JAAS value.
+    assert opts["kafka.sasl.jaas.config"].endswith('username="reader" password="r\\"pw";')
+    with pytest.raises(cc.KafkaAuthError, match="publisher"):
+        cc.confluent_config("publisher")  # not in this host's file: an error, not an anonymous client
+    monkeypatch.setenv("KAFKA_PRINCIPAL", "reader")  # one identity for the whole process
+    assert cc.confluent_config("detector")["sasl.username"] == "reader"
