@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import signal
 import subprocess
@@ -115,3 +116,27 @@ def wait_detections(bootstrap: str, topic: str, pred, timeout: float = 120) -> l
             return dets
         time.sleep(0.5)
     raise TimeoutError(f"{len(dets)} records on {topic}; condition not met")
+
+
+def same_value(a: object, b: object) -> bool:
+    """Equal, but floats to within 1e-12 relative: the numeric rule (README) sums
+    exactly and rounds once, and the live job and the backtest round differently in the
+    last bits (Known limits), never more."""
+    if isinstance(a, float) or isinstance(b, float):
+        return isinstance(a, int | float) and isinstance(b, int | float) and math.isclose(
+            a, b, rel_tol=1e-12, abs_tol=1e-12)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_value(a[k], b[k]) for k in a)
+    return a == b
+
+
+def assert_same_detections(got: list[dict], expected: list[dict]) -> None:
+    """The same detections (by id), member for member, but the time of the decision."""
+    assert sorted(d["detection_id"] for d in got) == sorted(d["detection_id"] for d in expected)
+    live = {d["detection_id"]: d for d in got}
+    for want in expected:
+        have = live[want["detection_id"]]
+        assert set(have) == set(want), (have, want)
+        for key, value in want.items():
+            if key != "processed":
+                assert same_value(have[key], value), (key, have, want)

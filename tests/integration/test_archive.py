@@ -13,9 +13,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from archive_harness import ArchiveJob, produce_keyed, wait_rows
-from detect_harness import DetectJob, detections, wait_detections
+from detect_harness import DetectJob, assert_same_detections, detections, wait_detections
 from pyspark.sql import functions as F
-from test_live_backtest_parity import _rules, _same, _stream
+from test_live_backtest_parity import _rules, _stream
 
 from spark_jobs.backtest.runner import BacktestConfig, HistoryWindow, run_backtest
 from spark_jobs.kafka.publisher import publish_rules
@@ -99,12 +99,7 @@ def test_live_events_reach_the_table_and_its_backtest_equals_the_live_job(kafka_
     job.wait_for(lambda s: s.get("lag") == 0, timeout=300)
     got = detections(bs, sink)
     assert job.stop() == 0
-    assert sorted(d["detection_id"] for d in got) == sorted(ids)
-    live = {d["detection_id"]: d for d in got}
-    for want in expected:
-        have = live[want["detection_id"]]
-        assert set(have) == set(want), (have, want)
-        assert all(_same(have[k], v) for k, v in want.items() if k != "processed"), (have, want)
+    assert_same_detections(got, expected)
 
 
 def test_sigkill_mid_stream_and_restart_keeps_every_record_exactly_once(kafka_broker, spark, tmp_path, jobs):

@@ -4,13 +4,11 @@ real Delta table, and the thin DAG that schedules it."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from dag_import import import_dag
 from pyspark.sql import functions as F
 
 from spark_jobs.archive.maintenance import maintain
@@ -53,24 +51,5 @@ def test_maintenance_deletes_old_partitions_compacts_and_vacuums(spark, tmp_path
 
 
 def test_archive_maintenance_dag_imports(tmp_path: Path) -> None:
-    script = (
-        "import json\n"
-        "from airflow.dag_processing.dagbag import DagBag\n"
-        f"bag = DagBag(dag_folder={str(ROOT / 'dags' / 'archive_maintenance.py')!r})\n"
-        "d = bag.dags.get('archive_maintenance')\n"
-        "print(json.dumps({'errors': {k: str(v) for k, v in bag.import_errors.items()},\n"
-        "  'tasks': sorted(t.task_id for t in d.tasks) if d else None}))\n"
-    )
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW_", "AIRFLOW__"))},
-        "AIRFLOW_HOME": str(tmp_path),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
-        "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{tmp_path}/a.db",
-        "PYTHONPATH": os.pathsep.join([str(ROOT / "plugins"), str(ROOT)]),
-    }
-    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert out == {"errors": {}, "tasks": ["maintain_archive"]}
+    out = import_dag(tmp_path, "archive_maintenance")
+    assert out == {"errors": {}, "tasks": {"maintain_archive": []}}

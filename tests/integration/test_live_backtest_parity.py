@@ -13,11 +13,10 @@ records from files. Bucketing and randomness are seeded (no Python `hash()`).
 from __future__ import annotations
 
 import json
-import math
 import random
 
 import pytest
-from detect_harness import DetectJob, detections, produce, wait_detections
+from detect_harness import DetectJob, assert_same_detections, detections, produce, wait_detections
 
 from spark_jobs.backtest.inputs import InputSpec
 from spark_jobs.backtest.runner import BacktestConfig, run_backtest
@@ -104,24 +103,5 @@ def test_live_and_backtest_give_identical_detections(seed, tmp_path, spark):
         assert (status["last_batch_id"] or 0) >= 10
         got = detections(bs)
         assert job.stop() == 0
-    assert sorted(d["detection_id"] for d in got) == sorted(ids)
-    live = {d["detection_id"]: d for d in got}
-    for want in expected:
-        have = live[want["detection_id"]]
-        assert set(have) == set(want), (have, want)
-        for key, value in want.items():
-            if key == "processed":
-                continue  # the time of the decision
-            assert _same(have[key], value), (key, have, want)
+    assert_same_detections(got, expected)
 
-
-def _same(a: object, b: object) -> bool:
-    """Equal, but floats to within 1e-12 relative: the numeric rule (README) sums
-    exactly and rounds once, and the two implementations round differently in the last
-    bits (Known limits), never more."""
-    if isinstance(a, float) or isinstance(b, float):
-        return isinstance(a, int | float) and isinstance(b, int | float) and math.isclose(
-            a, b, rel_tol=1e-12, abs_tol=1e-12)
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    return a == b

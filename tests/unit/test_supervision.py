@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from dag_import import import_dag
 
 from spark_jobs.streaming.supervision import (
     RestartError,
@@ -159,27 +158,8 @@ def test_request_restart_errors(child: subprocess.Popen, tmp_path: Path) -> None
 
 
 def test_dag_imports_without_errors(tmp_path: Path) -> None:
-    script = (
-        "import json, sys\n"
-        "from airflow.dag_processing.dagbag import DagBag\n"
-        f"bag = DagBag(dag_folder={str(ROOT / 'dags' / 'detection_supervisor.py')!r})\n"
-        "d = bag.dags.get('detection_supervisor')\n"
-        "print(json.dumps({'errors': {k: str(v) for k, v in bag.import_errors.items()},\n"
-        "  'tasks': {t.task_id: sorted(t.downstream_task_ids) for t in d.tasks} if d else None,\n"
-        "  'max_active_runs': d and d.max_active_runs, 'catchup': d and d.catchup}))\n"
-    )
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW_", "AIRFLOW__", "DETECTION_SUPERVISOR_"))},
-        "AIRFLOW_HOME": str(tmp_path),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
-        "AIRFLOW__CORE__PLUGINS_FOLDER": str(ROOT / "plugins"),
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{tmp_path}/a.db",
-        "PYTHONPATH": os.pathsep.join([str(ROOT / "plugins"), str(ROOT)]),
-    }
-    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = import_dag(tmp_path, "detection_supervisor", "'max_active_runs': d and d.max_active_runs, "
+                     "'catchup': d and d.catchup", drop_env=("DETECTION_SUPERVISOR_",), timeout=60)
     assert out["errors"] == {}
     assert out["tasks"] == {
         "check_health": ["alert", "decide", "fail"],  # XCom inputs; `decide` picks one
