@@ -16,9 +16,7 @@ the registry's snapshot changes (job.py `run`).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from pyspark.sql import Column, DataFrame
@@ -27,55 +25,12 @@ from pyspark.sql import functions as F
 from spark_jobs.engine.conditions import compare_spec
 from spark_jobs.engine.values import FieldValue, extract_paths
 from spark_jobs.rules.model import parse_rule
-from spark_jobs.streaming.rules_source import rule_rows
-
-
-@dataclass(frozen=True)
-class Cond:
-    path: str  # a JSON path (`$['amount']`)
-    op: str
-    kind: str
-    num: float | None
-    str: str | None
-    flag: bool | None
-
-
-@dataclass(frozen=True)
-class RuleRow:
-    """One role a rule plays (rules_source.rule_rows): which records it reads and
-    what it reads from them."""
-
-    rule_id: str
-    rule_version: str
-    rule_type: str
-    role: str
-    topic: str
-    route_from: str | None
-    rule_json: str
-    event_time: bool
-    conditions: tuple[Cond, ...]
-    key_path: str | None
-    ts_path: str | None
-    val_path: str | None
-    val_need: str
-    rule_ref: str
-
-    @property
-    def rule_name(self) -> str | None:
-        return json.loads(self.rule_json).get("name")
-
-    def paths(self) -> set[str]:
-        return {c.path for c in self.conditions} | {p for p in (self.key_path, self.ts_path, self.val_path) if p}
+from spark_jobs.streaming.rules_source import Cond, RuleRow, rule_rows
 
 
 def rows_of(rules: dict, routed_topic: str, defs_dir: str | Path | None) -> list[RuleRow]:
     """The RuleRows of a registry snapshot (`rules.json`: rule id -> rule JSON)."""
-    out = []
-    for d in rules.values():
-        for t in rule_rows(parse_rule(d), routed_topic, defs_dir):
-            *head, conds, key_path, ts_path, val_path, val_need, ref = t
-            out.append(RuleRow(*head, tuple(Cond(*c) for c in conds), key_path, ts_path, val_path, val_need, ref))
-    return out
+    return [row for d in rules.values() for row in rule_rows(parse_rule(d), routed_topic, defs_dir)]
 
 
 def read_snapshot(path: Path) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from spark_jobs.engine.conditions import value_spec
@@ -51,49 +52,82 @@ def write_rule_def(defs_dir: str | Path, rule_json: str) -> str:
     return ref
 
 
-def _cond(c: Condition) -> tuple:
+@dataclass(frozen=True)
+class Cond:
+    path: str  # a JSON path (`$['amount']`)
+    op: str
+    kind: str  # value_spec's kind: num | str | bool
+    num: float | None
+    str: str | None
+    flag: bool | None
+
+
+@dataclass(frozen=True)
+class RuleRow:
+    """One role a rule plays: which records it reads (topic, and the velocity rule a
+    routed correlation rule follows) and what it reads from them."""
+
+    rule_id: str
+    rule_version: str
+    rule_type: str
+    role: str
+    topic: str
+    route_from: str | None
+    rule_json: str
+    event_time: bool
+    conditions: tuple[Cond, ...]
+    key_path: str | None
+    ts_path: str | None
+    val_path: str | None
+    val_need: str  # what the operator needs of the value: num | json | none
+    rule_ref: str
+
+    @property
+    def rule_name(self) -> str | None:
+        return json.loads(self.rule_json).get("name")
+
+    def paths(self) -> set[str]:
+        return {c.path for c in self.conditions} | {p for p in (self.key_path, self.ts_path, self.val_path) if p}
+
+
+def _cond(c: Condition) -> Cond:
     spec = value_spec(c.value)
-    return (json_path(c.field), c.operator, spec["kind"], spec["num"], spec["str"], spec["bool"])
+    return Cond(json_path(c.field), c.operator, spec["kind"], spec["num"], spec["str"], spec["bool"])
 
 
 def _path(p: str | None) -> str | None:
     return json_path(p) if p else None
 
 
-def rule_rows(rule: AnyRule, routed_topic: str, defs_dir: str | Path | None = None) -> list[tuple]:
-    """The rows (compiled.RuleRow fields) for one rule (its definition stored in `defs_dir`)."""
-    rows = _rule_rows(rule, routed_topic)
-    rj = rows[0][6]
-    ref = write_rule_def(defs_dir, rj) if defs_dir is not None else rule_ref(rj)
-    return [(*row, ref) for row in rows]
-
-
-def _rule_rows(rule: AnyRule, routed_topic: str) -> list[tuple]:
+def rule_rows(rule: AnyRule, routed_topic: str, defs_dir: str | Path | None = None) -> list[RuleRow]:
+    """The roles of one rule (its definition stored in `defs_dir`, named by `rule_ref`)."""
     rj = json.dumps(rule.model_dump(mode="json"), sort_keys=True)
-    base = (rule.rule_id, rule.version, rule.rule_type)
+    ref = write_rule_def(defs_dir, rj) if defs_dir is not None else rule_ref(rj)
+
+    def row(role: str, topic: str, event_time: bool, conditions: list[Cond], key_path: str | None,
+            ts_path: str | None, val_path: str | None, val_need: str, route_from: str | None = None) -> RuleRow:
+        return RuleRow(rule.rule_id, rule.version, rule.rule_type, role, topic, route_from, rj, event_time,
+                       tuple(conditions), key_path, ts_path, val_path, val_need, ref)
+
     if isinstance(rule, ThresholdRule):
-        return [(*base, "source", rule.source_topic, None, rj, False, [_cond(c) for c in rule.conditions],
-                 None, None, None, "none")]
+        return [row("source", rule.source_topic, False, [_cond(c) for c in rule.conditions], None, None, None, "none")]
     if isinstance(rule, VelocityRule):
         if rule.aggregation_type in ("sum", "avg", "min", "max"):
             need = "num"
         else:
             need = "json" if rule.aggregation_field else "none"
         ts = _path(rule.timestamp_field) if rule.uses_event_time else None
-        return [(*base, "source", rule.source_topic, None, rj, rule.uses_event_time, [_cond(c) for c in rule.conditions],
-                 _path(rule.group_by), ts, _path(rule.aggregation_field), need)]
+        return [row("source", rule.source_topic, rule.uses_event_time, [_cond(c) for c in rule.conditions],
+                    _path(rule.group_by), ts, _path(rule.aggregation_field), need)]
     assert isinstance(rule, CorrelationRule)
-    rows = []
+    key, ts = _path(rule.correlation_key), _path(rule.timestamp_field)
     if rule.velocity_filter_rule_id:
-        rows.append((*base, "routed", routed_topic, rule.velocity_filter_rule_id, rj, True, [],
-                     _path(rule.correlation_key), _path(rule.timestamp_field), _path(rule.event_value_field), "none"))
+        primary = row("routed", routed_topic, True, [], key, ts, _path(rule.event_value_field), "none",
+                      route_from=rule.velocity_filter_rule_id)
     else:
-        rows.append((*base, "source", rule.source_topic, None, rj, True, [],
-                     _path(rule.correlation_key), _path(rule.timestamp_field), _path(rule.event_value_field), "none"))
+        primary = row("source", rule.source_topic, True, [], key, ts, _path(rule.event_value_field), "none")
     type_filter = []
     if rule.context_type_field is not None:
         type_filter = [_cond(Condition(field=rule.context_type_field, operator="==", value=rule.context_type_value))]
     need = "num" if (rule.context_resolution != "last" or rule.metric != "direct") else "json"
-    rows.append((*base, "context", rule.context_topic, None, rj, True, type_filter,
-                 _path(rule.correlation_key), _path(rule.timestamp_field), _path(rule.context_value_field), need))
-    return rows
+    return [primary, row("context", rule.context_topic, True, type_filter, key, ts, _path(rule.context_value_field), need)]
