@@ -46,8 +46,8 @@ def rule_value_number(value: object) -> float | None:
 def value_spec(value: object) -> dict[str, object]:
     """A rule value as data: its kind (`num`, `str`, `bool`) and its typed forms.
 
-    The streaming job ships conditions to Spark as rows of this shape, so one
-    expression (`compare_spec`) serves literal and data-driven conditions alike.
+    The live job's compiled rule rows carry conditions in this shape (rules_source.Cond),
+    and `compare_spec` takes it.
     """
     num = rule_value_number(value)
     if num is not None:
@@ -57,35 +57,19 @@ def value_spec(value: object) -> dict[str, object]:
     return {"kind": "str", "num": None, "str": str(value), "bool": None}
 
 
-Arg = Column | str | float | bool | None
+def _case(selector: object, branches: dict[Any, Callable[[], Column]], default: Callable[[], Column]) -> Column:
+    """The branch for a rule's operator or value kind, picked here in Python, so only
+    that branch is built: a rule set's plan stays small and quick to optimize."""
+    return branches.get(selector, default)()
 
 
-def _lit(x: Arg) -> Column:
-    return x if isinstance(x, Column) else F.lit(x)
-
-
-def _case(selector: Arg, branches: dict[Any, Callable[[], Column]], default: Callable[[], Column]) -> Column:
-    """CASE selector WHEN key THEN branch ... ELSE default.
-
-    A literal selector (a rule written in a file) picks its branch here, in Python, so
-    only that branch is built: a rule set's plan stays small and quick to build and
-    optimize. A Column selector (a rule shipped as data) builds the whole CASE.
-    """
-    if not isinstance(selector, Column):
-        return branches.get(selector, default)()
-    out = None
-    for key, branch in branches.items():
-        out = F.when(selector == key, branch()) if out is None else out.when(selector == key, branch())
-    return out.otherwise(default()) if out is not None else default()
-
-
-def compare_spec(x: FieldValue, op: Arg, kind: Arg, num: Arg, text: Arg, flag: Arg) -> Column:
-    """`x <op> value` with the operator and the value given as Python values (a rule
-    compiled into a plan) or Columns (a rule as data); never NULL. The backtest and the
-    live job both compile their rules with it, so a rule means the same in both."""
+def compare_spec(x: FieldValue, op: str, kind: str, num: float | None, text: str | None, flag: bool | None) -> Column:
+    """`x <op> value`, the value given as its spec (value_spec); never NULL. The
+    backtest and the live job both compile their rules with it, so a rule means the
+    same in both."""
     a = x.num
     present = x.present
-    number = num if isinstance(num, Column) else F.lit(num).cast("double")
+    number = F.lit(num).cast("double")
 
     def never() -> Column:
         return F.lit(False)
@@ -105,7 +89,7 @@ def compare_spec(x: FieldValue, op: Arg, kind: Arg, num: Arg, text: Arg, flag: A
         def as_bool() -> Column:
             return x.json == _case(flag, {True: lambda: F.lit("true")}, lambda: F.lit("false"))
 
-        return F.coalesce(_case(kind, {"bool": as_bool}, lambda: x.str == _lit(text).cast("string")), F.lit(False))
+        return F.coalesce(_case(kind, {"bool": as_bool}, lambda: x.str == F.lit(text).cast("string")), F.lit(False))
 
     def other() -> Column:
         return _case(op, {"==": lambda: present & same(), "!=": lambda: present & ~same()}, never)
