@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from collections.abc import Callable
@@ -10,9 +11,18 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
-def free_block(n: int, start: int = 41000) -> int:
-    """A first port p with p..p+n-1 all free now (cluster ports are consecutive)."""
-    for base in range(start, 60000, 97):
+def _worker_offset() -> int:
+    """Each pytest-xdist worker searches its own port range: two workers starting a
+    cluster at once would otherwise both find the same first free block."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    return 6000 * int(worker[2:]) if worker[2:].isdigit() else 0
+
+
+def free_block(n: int, start: int | None = None) -> int:
+    """A first port p with p..p+n-1 all free now (cluster ports are consecutive); from
+    this worker's own range unless `start` is given."""
+    start = 41000 + _worker_offset() if start is None else start
+    for base in range(start, 65000 - n, 97):
         ok = True
         for p in range(base, base + n):
             with socket.socket() as s:

@@ -48,7 +48,7 @@ def test_release_backtests_are_applications_of_the_cluster(airflow_env: AirflowE
         text.replace('version: "1"', 'version: "2"').replace("threshold: 10", "threshold: 8"))
     c1 = commit_all(repo, "rapid_clicks: 8 clicks")
 
-    port = free_block(1, 45000)
+    port = free_block(1)
     ui = free_block(3, port + 50)
     with LocalSparkCluster(tmp_path / "spark", workers=2, port=port, webui_port=ui) as spark:
         settings = {
