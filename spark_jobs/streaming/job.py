@@ -482,18 +482,16 @@ class Compiled:
     """The rule set a running query evaluates: the registry snapshot it was built from."""
 
     snapshot: str
-    rules: dict
 
     def versions(self) -> dict[str, str]:
-        return {rid: str(d.get("version")) for rid, d in sorted(self.rules.items())}
+        return {rid: str(d.get("version")) for rid, d in sorted(json.loads(self.snapshot).items())}
 
 
 def _start_query(spark: SparkSession, cfg: DetectConfig, delay: float, topics: list[str],
                  quarantine: Quarantine) -> tuple[StreamingQuery, Compiled]:
     """Start the query with the registry's current snapshot compiled into its plan."""
     text = read_snapshot(cfg.state_dir / "rules.json")
-    rules = json.loads(text)
-    rows = rows_of(rules, ROUTED_TOPIC, cfg.state_dir / RULE_DEFS)
+    rows = rows_of(json.loads(text), ROUTED_TOPIC, cfg.state_dir / RULE_DEFS)
     plan = build(spark, cfg, delay, topics, rows, key_buckets(cfg), min_partitions=2 * _cores(spark),
                  quarantined=quarantine.active_ranges())
     query = (
@@ -503,7 +501,7 @@ def _start_query(spark: SparkSession, cfg: DetectConfig, delay: float, topics: l
         .queryName("detections")
         .start()
     )
-    return query, Compiled(text, rules)
+    return query, Compiled(text)
 
 
 def run(cfg: DetectConfig, stop: threading.Event | None = None) -> int:
