@@ -12,7 +12,7 @@ import importlib
 import sys
 
 COMMANDS = ["validate", "schema", "backtest", "broker", "cluster", "publish", "detect", "runner", "history", "up", "demo",
-            "tail"]
+            "tail", "archive", "connect"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,8 +31,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from spark_jobs.commands.backtest import join_relative_times
+
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(join_relative_times(sys.argv[1:] if argv is None else list(argv)))
     return int(args.func(args) or 0)
 
 

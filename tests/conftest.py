@@ -11,6 +11,10 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/ helpers (reference_engine, ...)
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+# The lifecycle reads the event archive when its table exists (history_source "auto"):
+# a checkout where `rulectl up` ran has one under var/. Tests read their own files unless
+# they name a table.
+os.environ.setdefault("RULES_ARCHIVE_TABLE", str(ROOT / ".no-archive-in-tests"))
 
 # ----------------------------------------------------------------------------- Spark
 

@@ -86,7 +86,8 @@ class RuleBacktestOperator(SparkSubmitOperator):
     Skips when the plan names no rule (e.g. the published side of a release of new rules).
 
     :param backtest: {"rules_dir", "out_dir", "only"}.
-    :param inputs: topic -> history path.
+    :param inputs: topic -> history path, or {"@archive": {"table", "from", "to"}} (a window of the
+        event archive; `spark_jobs.lifecycle.release.backtest_args`).
     :param settings: lifecycle settings dict (time field, sink topic, Spark conf/master).
     """
 

@@ -2,7 +2,9 @@
 
 One command, in this order: the embedded Apache Kafka broker on 127.0.0.1:9092 with
 the platform's topics; the rules of `rules/` validated and published to `rules.active`;
-the detection job (`rulectl detect`, Spark local mode); the demo generator
+the detection job (`rulectl detect`, Spark local mode); the event archive (`rulectl
+archive`: events.raw and context.raw into the Delta table `<workdir>/archive/events`,
+which backtests and reports read); the demo generator
 (`rulectl demo --forever`); Airflow (api-server with the UI, scheduler, DAG processor,
 triggerer) with this repository's dags/ and plugins/. Ctrl-C or SIGTERM stops them in
 reverse order, each with its graceful signal (a second Ctrl-C stops without waiting).
@@ -20,6 +22,8 @@ Supervision policy (spark_jobs.platform.launcher):
   lost. A clean exit (code 0) is how a restart is requested (the detection supervisor
   sends SIGTERM to the pid in `<workdir>/platform.json`); a crash is retried with
   backoff, at most 5 times in 10 minutes, after which the platform stops;
+* the archive job is restarted the same way (its checkpoint and Delta's transaction log
+  make a restart neither lose nor double a record);
 * any other component that exits (broker, demo, Airflow) stops the platform, with the
   last lines of its log: none of them is expected to exit while the platform runs.
 
@@ -57,6 +61,7 @@ from spark_jobs.commands.signals import install_handlers
 from spark_jobs.commands.signals import restore_handlers as _restore_handlers
 from spark_jobs.platform.identity import AUTH_MANAGER, DEMO_USERS
 from spark_jobs.platform.launcher import BrokerComponent, ChildSpec, RestartPolicy, Supervisor
+from spark_jobs.spark import DEFAULT_CONNECT_PORT
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DETECT_RESTART = RestartPolicy(max_restarts=5, window_s=600.0, backoff_s=2.0, max_backoff_s=30.0)
@@ -89,6 +94,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--demo-rate", type=float, default=20.0, help="demo background events per second (default: 20)"
+    )
+    p.add_argument(
+        "--no-archive", action="store_true", help="do not start the event archive job (rulectl archive)"
+    )
+    p.add_argument(
+        "--no-connect",
+        action="store_true",
+        help="do not start the Spark Connect server for backtests (rulectl connect, port 15002)",
     )
     p.add_argument("--trigger-ms", type=int, default=None, help="detection job micro-batch trigger interval")
     p.add_argument(
@@ -129,6 +142,23 @@ class Paths:
     @property
     def status_file(self) -> Path:
         return self.detect_dir / "status.json"
+
+    @property
+    def archive_dir(self) -> Path:
+        return self.workdir / "archive"
+
+    @property
+    def archive_table(self) -> Path:
+        """The event archive (Delta); kept across runs like the broker log."""
+        return self.archive_dir / "events"
+
+    @property
+    def archive_checkpoint(self) -> Path:
+        return self.archive_dir / "checkpoint"
+
+    @property
+    def archive_status_file(self) -> Path:
+        return self.archive_dir / "status.json"
 
     @property
     def airflow_home(self) -> Path:
@@ -180,6 +210,8 @@ def base_env(bootstrap: str, paths: Paths, secure: bool = True) -> dict[str, str
         "RULES_PLATFORM_STATE": str(paths.state_file),
         "RULES_DETECT_CHECKPOINT": str(paths.checkpoint),
         "RULES_DETECT_STATUS_FILE": str(paths.status_file),
+        # Where the archive job writes and backtests/reports read (lifecycle settings).
+        "RULES_ARCHIVE_TABLE": str(paths.archive_table),
         # The publisher (Airflow's publish task, `rulectl up` itself) signs rule records
         # with this key and the detection job refuses any it cannot verify.
         "RULES_SIGNING_KEY_FILE": str(paths.signing_key_file),
@@ -219,6 +251,60 @@ def detect_spec(args: argparse.Namespace, bootstrap: str, paths: Paths) -> Child
         ready=lambda: paths.status_file.exists(),
         ready_message=f"detection job running (status: {paths.status_file})",
     )
+
+
+def archive_spec(args: argparse.Namespace, bootstrap: str, paths: Paths) -> ChildSpec:
+    """The event archive job, supervised like the detection job: restarted when it
+    exits, from its checkpoint (nothing lost, nothing doubled)."""
+    argv = rulectl_argv(
+        "archive",
+        "--bootstrap", bootstrap,
+        "--table", str(paths.archive_table),
+        "--checkpoint", str(paths.archive_checkpoint),
+        "--status-file", str(paths.archive_status_file),
+    )  # fmt: skip
+    # Its batches are small appends: a smaller driver than the detection job's 4g.
+    env = {"SPARK_DRIVER_MEMORY": "1g", **base_env(bootstrap, paths, not args.insecure)}
+    return ChildSpec(
+        name="archive",
+        argv=argv,
+        env=env,
+        cwd=paths.workdir,
+        log_path=paths.logs / "archive.log",
+        stop_signal=signal.SIGTERM,
+        stop_timeout=60.0,
+        restart=DETECT_RESTART,
+        before_start=lambda: paths.archive_status_file.unlink(missing_ok=True),
+        ready=lambda: paths.archive_status_file.exists(),
+        ready_message=f"event archive running (table: {paths.archive_table})",
+    )
+
+
+def connect_spec(args: argparse.Namespace, bootstrap: str, paths: Paths, port: int = DEFAULT_CONNECT_PORT) -> ChildSpec:
+    """A warm Spark for backtests (`rulectl backtest --remote sc://127.0.0.1:PORT`): no
+    JVM start-up per backtest, and a JIT that has seen the engine's plans before."""
+    return ChildSpec(
+        name="connect",
+        argv=rulectl_argv("connect", "--port", str(port)),
+        env=base_env(bootstrap, paths, not args.insecure),
+        cwd=paths.workdir,
+        log_path=paths.logs / "connect.log",
+        stop_signal=signal.SIGTERM,
+        stop_timeout=30.0,
+        restart=DETECT_RESTART,
+        ready=lambda: _port_open("127.0.0.1", port),
+        ready_message=f"Spark Connect server on sc://127.0.0.1:{port} (rulectl backtest --remote)",
+    )
+
+
+def _port_open(host: str, port: int) -> bool:
+    import socket
+
+    try:
+        socket.create_connection((host, port), 0.5).close()
+    except OSError:
+        return False
+    return True
 
 
 def demo_spec(args: argparse.Namespace, bootstrap: str, paths: Paths) -> ChildSpec:
@@ -476,6 +562,10 @@ def plan(
     specs: list[ChildSpec] = []
     if not args.no_detect:
         specs.append(detect_spec(args, bootstrap, paths))
+    if not args.no_archive:
+        specs.append(archive_spec(args, bootstrap, paths))
+    if not args.no_connect:
+        specs.append(connect_spec(args, bootstrap, paths))
     if not args.no_demo:
         specs.append(demo_spec(args, bootstrap, paths))
     if not args.no_airflow:
@@ -507,6 +597,9 @@ def run(args: argparse.Namespace) -> int:
     # job would stop with a data-loss error, so such a checkpoint is set aside.
     if not paths.kafka_dir.exists() and paths.detect_dir.exists():
         shutil.move(str(paths.detect_dir), str(paths.workdir / f"detect.orphaned.{int(time.time())}"))
+    # The same for the archive's checkpoint; its table (the history) is kept.
+    if not paths.kafka_dir.exists() and paths.archive_checkpoint.exists():
+        shutil.move(str(paths.archive_checkpoint), str(paths.archive_dir / f"checkpoint.orphaned.{int(time.time())}"))
     paths.detect_dir.mkdir(parents=True, exist_ok=True)
     from spark_jobs.kafka import signing
 
@@ -683,6 +776,16 @@ def _banner(
             f"  detection  rulectl detect, pid {procs['detect']['pid']}, restarted if it exits; log {paths.logs / 'detect.log'}"
         )
         lines.append(f"             checkpoint {paths.checkpoint}, status {paths.status_file}")
+    if "archive" in procs:
+        lines.append(
+            f"  archive    rulectl archive, pid {procs['archive']['pid']}: events into {paths.archive_table} (Delta); "
+            f"log {paths.logs / 'archive.log'}"
+        )
+    if "connect" in procs:
+        lines.append(
+            f"  backtests  Spark Connect on sc://127.0.0.1:{DEFAULT_CONNECT_PORT}: rulectl backtest --remote "
+            f"sc://127.0.0.1:{DEFAULT_CONNECT_PORT} --history {paths.archive_table} --from -1h ..."
+        )
     if "demo" in procs:
         lines.append(
             f"  demo       {args.demo_rate:g} events/s + a seed pattern every 10 s; log {paths.logs / 'demo.log'}"
@@ -731,6 +834,8 @@ def _write_state(sup: Supervisor, paths: Paths, bootstrap: str, args: argparse.N
             "status_file": str(paths.status_file),
             "restart": "send SIGTERM to components.detect.pid: rulectl up restarts it from its checkpoint",
         },
+        "archive": {"table": str(paths.archive_table), "checkpoint": str(paths.archive_checkpoint),
+                    "status_file": str(paths.archive_status_file)},
         "airflow_url": None if args.no_airflow else airflow_url(args),
         "components": sup.describe(),
         "history": sup.history[-50:],

@@ -17,15 +17,27 @@ RAW_COLUMNS = ["topic", "seq", "raw", "proc_ms"]
 DEAD_LETTER_COLUMNS = ["topic", "seq", "raw", "reason", "rule_id"]
 
 
+def parse_variant(raw: Column) -> Column:
+    """The record text as VARIANT, NULL when it is not JSON or not valid UTF-8.
+
+    Text that is not valid UTF-8 (bytes cast to a string are not checked) is never
+    parsed: its values could not cross into Python (Arrow rejects them) or be written
+    back as the JSON text of a detection. The event archive stores this column, so a
+    backtest over the archive reads the parse the live job would have made."""
+    return F.when(F.is_valid_utf8(raw), F.try_parse_json(raw))
+
+
 def classify(raw: DataFrame) -> DataFrame:
     """Raw records with `v` (VARIANT) and `_reason` (why it is not an event, or NULL)."""
-    # Text that is not valid UTF-8 (bytes cast to a string are not checked) is never
-    # parsed: its values could not cross into Python (Arrow rejects them) or be written
-    # back as the JSON text of a detection.
+    return with_reasons(raw.withColumn("v", parse_variant(F.col("raw"))))
+
+
+def with_reasons(parsed: DataFrame) -> DataFrame:
+    """Records that already carry `v` (parse_variant of `raw`, e.g. read from the event
+    archive) with `_reason`, without parsing them again."""
     utf8 = F.is_valid_utf8(F.col("raw"))
-    v = F.when(utf8, F.try_parse_json(F.col("raw")))
     is_object = F.ltrim(F.col("raw")).startswith("{")
-    return raw.withColumn("v", v).withColumn(
+    return parsed.withColumn(
         "_reason",
         F.when(F.col("raw").isNull(), F.lit("empty record"))
         .when(~utf8, F.lit("not valid UTF-8"))

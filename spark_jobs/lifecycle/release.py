@@ -263,10 +263,14 @@ def prepare_history(
     data_docs_dir: Path,
     interval_end: datetime | None = None,
 ) -> dict:
-    """Window, slice and quality-check the history for a set of rules."""
+    """Window, slice and quality-check the history for a set of rules: the event
+    archive's last `archive_lookback_hours` when the settings ask for it (or, with
+    `history_source` "auto", when the table exists), else `history_inputs` files."""
     from spark_jobs.quality import run_quality
 
     rule_objs = _rules(rules)
+    if use_archive(settings):
+        return _prepare_archive(settings, rule_objs, data_docs_dir=data_docs_dir, interval_end=interval_end)
     inputs = dict(settings.history_inputs)
     missing = [f"{t}={p}" for t, p in inputs.items() if not Path(p).exists()]
     if missing:
@@ -292,6 +296,52 @@ def prepare_history(
         data_docs_dir=data_docs_dir,
     )
     return {"window": window.to_dict(), "inputs": backtest_inputs, "slices": sliced, "quality": quality}
+
+
+# The key of a plan's `inputs` that names an archive window instead of topic files (no
+# Kafka topic can be called this: `@` is not allowed in topic names).
+ARCHIVE_INPUT = "@archive"
+
+
+def use_archive(settings: LifecycleSettings) -> bool:
+    """Whether a backtest of these settings reads the event archive."""
+    if settings.history_source == "files":
+        return False
+    there = (Path(settings.archive_table) / "_delta_log").is_dir()
+    if settings.history_source == "archive" and not there:
+        raise FileNotFoundError(f"history_source is 'archive' but {settings.archive_table} is not a Delta table")
+    return there
+
+
+def _prepare_archive(
+    settings: LifecycleSettings, rules: list[AnyRule], *, data_docs_dir: Path, interval_end: datetime | None
+) -> dict:
+    """The archive's window [end - archive_lookback_hours, end) by broker timestamp,
+    checked by Great Expectations on Spark; the backtest reads the same window."""
+    from datetime import UTC, timedelta
+
+    from spark_jobs.archive.table import engine_input, read_window
+    from spark_jobs.engine.events import with_reasons
+    from spark_jobs.quality.spark_runner import run_quality_spark
+    from spark_jobs.spark import session
+
+    end = (interval_end or datetime.now(UTC)).astimezone(UTC)
+    start = end - timedelta(hours=settings.archive_lookback_hours)
+    topics = sorted({r.source_topic for r in rules} | {getattr(r, "context_topic", None) for r in rules} - {None})
+    spark = session("history-quality", master=settings.spark_master, extra=settings.spark_conf)
+    rows = with_reasons(engine_input(read_window(spark, settings.archive_table, start, end, topics)))
+    frames = {t: rows.filter(rows.topic == t) for t in topics}
+    shutil.rmtree(data_docs_dir, ignore_errors=True)
+    quality = run_quality_spark(frames, rules, time_field=settings.time_field, data_docs_dir=data_docs_dir,
+                                source=settings.archive_table)
+    start_iso = start.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    end_iso = end.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    window = {"start": start_iso, "end": end_iso, "anchor": "archive",
+              "topics": {t: {"start": start_iso, "end": end_iso} for t in topics}}
+    inputs = {ARCHIVE_INPUT: {"table": settings.archive_table, "from": start_iso, "to": end_iso}}
+    slices = {t: {"path": f"{settings.archive_table}#topic={t}", "records": quality["topics"][t]["records"]}
+              for t in topics}
+    return {"window": window, "inputs": inputs, "slices": slices, "quality": quality}
 
 
 def write_rules_dir(rules: Mapping[str, dict], target: Path) -> Path:
@@ -337,8 +387,12 @@ def backtest_args(spec: Mapping, inputs: Mapping[str, str], time_field: str, sin
     """Arguments of the backtest application (`spark_jobs/backtest/submit.py`) for one
     side of a plan ({"rules_dir", "out_dir", "only"})."""
     args = ["--rules", spec["rules_dir"], "--out", spec["out_dir"], "--time-field", time_field, "--sink-topic", sink_topic]
+    archive = inputs.get(ARCHIVE_INPUT)
+    if archive is not None:
+        args += ["--history", archive["table"], "--from", archive["from"], "--to", archive["to"]]
     for topic, path in sorted(inputs.items()):
-        args += ["--input", f"{topic}={path}"]
+        if topic != ARCHIVE_INPUT:
+            args += ["--input", f"{topic}={path}"]
     for rule_id in spec.get("only") or []:
         args += ["--only", rule_id]
     return args

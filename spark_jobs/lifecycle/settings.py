@@ -30,6 +30,12 @@ def _default_state_dir() -> str:
     return str(Path(home) / "rule_lifecycle")
 
 
+def _default_archive_table() -> str:
+    """$RULES_ARCHIVE_TABLE (`rulectl up` sets it to its work folder's table), else the
+    table under this checkout's `var/`."""
+    return os.environ.get("RULES_ARCHIVE_TABLE") or str(PROJECT_ROOT / "var" / "archive" / "events")
+
+
 def _default_inputs() -> dict[str, str]:
     demo = PROJECT_ROOT / "tests" / "data" / "demo"
     return {
@@ -61,6 +67,16 @@ class LifecycleSettings:
     history_window_end: str = "latest"
     # Keep only the window's records in what the backtest reads.
     history_slice: bool = True
+    # The event archive (spark_jobs/archive): a Delta table of every event record.
+    # "auto": backtests read the archive's last `archive_lookback_hours` when the table
+    # exists, else `history_inputs`; "archive" / "files" force one.
+    history_source: str = "auto"
+    archive_table: str = field(default_factory=_default_archive_table)
+    archive_lookback_hours: float = 24.0
+    # Partitions older than this are deleted by the archive_maintenance DAG; VACUUM keeps
+    # files older versions reference for `archive_vacuum_hours`.
+    archive_retention_days: float = 30.0
+    archive_vacuum_hours: float = 168.0
     time_field: str = "timestamp"
     sink_topic: str = "events.processed"
     # Kafka: an Airflow connection (kafka type, extra {"bootstrap.servers": ...}) wins
@@ -95,6 +111,8 @@ class LifecycleSettings:
             self.audit_dir = str(Path(self.state_dir) / "audit")
         if self.approval_notify not in ("file", "smtp"):
             raise ValueError(f"approval_notify must be 'file' or 'smtp', not {self.approval_notify!r}")
+        if self.history_source not in ("auto", "archive", "files"):
+            raise ValueError(f"history_source must be 'auto', 'archive' or 'files', not {self.history_source!r}")
         if self.history_window_end not in ("latest", "interval"):
             raise ValueError(f"history_window_end must be 'latest' or 'interval', not {self.history_window_end!r}")
 
@@ -141,4 +159,7 @@ def run_settings(params: Mapping, model: type | None = None, *, use_airflow: boo
     base = resolve_settings(use_airflow=use_airflow)
     if "history_inputs" in extra:
         extra["history_inputs"] = p.resolve_history_inputs(base.history_root, extra["history_inputs"])
+        # A run that names its history files means those files, archive or not.
+        if base.history_source == "auto":
+            extra["history_source"] = "files"
     return resolve_settings({**base.to_dict(), **extra}, use_airflow=False)

@@ -155,6 +155,35 @@ def _sample(result: Mapping) -> str | None:
     return None
 
 
+def _validate(ctx, source, topic: str, specs: list[ExpectationSpec], frame) -> tuple[bool, list[dict]]:
+    """Run one topic's suite on `frame` (pandas or Spark DataFrame, as `source` is)."""
+    import great_expectations as gx
+
+    asset = source.add_dataframe_asset(topic)
+    batch_def = asset.add_batch_definition_whole_dataframe("history")
+    suite = ctx.suites.add(gx.ExpectationSuite(name=f"history.{topic}"))
+    for spec in specs:
+        suite.add_expectation(_expectation(spec))
+    vd = ctx.validation_definitions.add(gx.ValidationDefinition(data=batch_def, suite=suite, name=f"history.{topic}"))
+    result = vd.run(batch_parameters={"dataframe": frame}, result_format="SUMMARY")
+    exps = []
+    for er in result.results:
+        cfg = er.expectation_config
+        res = er.result or {}
+        exps.append(
+            {
+                "type": cfg.type,
+                "description": cfg.description,
+                "kwargs": {k: v for k, v in cfg.kwargs.items() if k != "batch_id"},
+                "success": bool(er.success),
+                "unexpected_count": res.get("unexpected_count"),
+                "sample": _sample(res),
+                "error": (er.exception_info or {}).get("exception_message") if er.exception_info else None,
+            }
+        )
+    return bool(result.success), exps
+
+
 def run_quality(
     inputs: Mapping[str, str | Path],
     rules: Iterable[AnyRule],
@@ -172,7 +201,6 @@ def run_quality(
     per_topic = topic_fields(rules, time_field)
     docs = Path(data_docs_dir) if data_docs_dir is not None else None
     ctx = _context(docs)
-    import great_expectations as gx
 
     source = ctx.data_sources.add_pandas("history")
     topics: dict[str, dict] = {}
@@ -183,31 +211,9 @@ def run_quality(
         frame = history_frame(records, fields)
         win = window_ms.get(topic) if isinstance(window_ms, Mapping) else window_ms
         specs = suite_specs(fields, win)
-        asset = source.add_dataframe_asset(topic)
-        batch_def = asset.add_batch_definition_whole_dataframe("history")
-        suite = ctx.suites.add(gx.ExpectationSuite(name=f"history.{topic}"))
-        for spec in specs:
-            suite.add_expectation(_expectation(spec))
-        vd = ctx.validation_definitions.add(gx.ValidationDefinition(data=batch_def, suite=suite, name=f"history.{topic}"))
-        result = vd.run(batch_parameters={"dataframe": frame}, result_format="SUMMARY")
-        exps = []
-        for er in result.results:
-            cfg = er.expectation_config
-            res = er.result or {}
-            exps.append(
-                {
-                    "type": cfg.type,
-                    "description": cfg.description,
-                    "kwargs": {k: v for k, v in cfg.kwargs.items() if k != "batch_id"},
-                    "success": bool(er.success),
-                    "unexpected_count": res.get("unexpected_count"),
-                    "sample": _sample(res),
-                    "error": (er.exception_info or {}).get("exception_message") if er.exception_info else None,
-                }
-            )
+        ok, exps = _validate(ctx, source, topic, specs, frame)
         # Lines that are not JSON objects never reach GX (or a rule: the backtest
         # dead-letters them); they are counted and shown, not judged here.
-        ok = bool(result.success)
         failed += sum(1 for e in exps if not e["success"])
         topics[topic] = {
             "path": str(path),

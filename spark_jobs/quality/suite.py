@@ -132,29 +132,72 @@ def topic_fields(rules: Iterable[AnyRule], time_field: str = "timestamp") -> dic
     return out
 
 
-def _scope(use: FieldUse) -> tuple[dict, str]:
+class SparkDialect:
+    """How the suite reads a Spark DataFrame instead of pandas (GX's Spark datasource):
+    row conditions are Spark SQL (`condition_parser="spark"`) over columns the Spark
+    quality runner derives from the events' VARIANT with the engine's own conversions,
+    and "holds numbers" is "the engine reads a number" (GX's type-list expectation
+    checks a Spark column's declared type, not each value)."""
+
+    @staticmethod
+    def column(path: str) -> str:
+        """A field's column: dots would read as struct access in Spark."""
+        return path.replace(".", "/")
+
+    @staticmethod
+    def number_column(path: str) -> str:
+        return f"{SparkDialect.column(path)} (number)"
+
+    @staticmethod
+    def condition_column(path: str, form: str) -> str:
+        return f"{SparkDialect.column(path)} ({form})"
+
+    @staticmethod
+    def condition_sql(use: FieldUse) -> str | None:
+        if not use.condition:
+            return None
+        ops = {"==": "=", "!=": "<>"}
+        parts = []
+        for f, op, v in use.condition:
+            if op == PRESENT:
+                parts.append(f"`{SparkDialect.column(f)}` IS NOT NULL")
+            elif isinstance(v, bool):
+                parts.append(f"`{SparkDialect.condition_column(f, 'json')}` {ops.get(op, op)} '{json.dumps(v)}'")
+            elif isinstance(v, int | float):
+                parts.append(f"`{SparkDialect.condition_column(f, 'num')}` {ops.get(op, op)} {float(v)!r}")
+            else:
+                text = str(v).replace("\\", "\\\\").replace("'", "\\'")
+                parts.append(f"`{SparkDialect.condition_column(f, 'str')}` {ops.get(op, op)} '{text}'")
+        return " AND ".join(parts)
+
+
+def _scope(use: FieldUse, spark: bool = False) -> tuple[dict, str]:
     kwargs: dict = {}
-    if use.pandas_query:
+    if spark and use.condition:
+        kwargs = {"row_condition": SparkDialect.condition_sql(use), "condition_parser": "spark"}
+    elif use.pandas_query:
         kwargs = {"row_condition": use.pandas_query, "condition_parser": "pandas"}
     who = ", ".join(sorted(use.rules))
     where = f" where {use.condition_text}" if use.condition else ""
     return kwargs, f" (for {who}{where})"
 
 
-def suite_specs(fields: TopicFields, window_ms: tuple[int, int] | None) -> list[ExpectationSpec]:
-    """The expectations for one topic; `window_ms` bounds the event timestamps."""
+def suite_specs(fields: TopicFields, window_ms: tuple[int, int] | None, spark: bool = False) -> list[ExpectationSpec]:
+    """The expectations for one topic; `window_ms` bounds the event timestamps. `spark`:
+    the same checks as Spark reads them (SparkDialect)."""
+    name = SparkDialect.column if spark else (lambda p: p)
     specs = [ExpectationSpec("ExpectTableRowCountToBeBetween", {"min_value": 1}, "the history of this topic is not empty")]
     if fields.required:
         specs.append(
             ExpectationSpec(
                 "ExpectTableColumnsToMatchSet",
-                {"column_set": fields.required, "exact_match": False},
+                {"column_set": [name(f) for f in fields.required], "exact_match": False},
                 f"required fields are present: {', '.join(fields.required)}",
             )
         )
     order = {"time": 0, "key": 1, "numeric": 2}
     for use in sorted(fields.uses, key=lambda u: (order[u.kind], u.field, u.condition_text)):
-        scope, why = _scope(use)
+        scope, why = _scope(use, spark)
         if use.kind == "time":
             col = parsed_time_column(use.field)
             specs.append(
@@ -174,7 +217,21 @@ def suite_specs(fields: TopicFields, window_ms: tuple[int, int] | None) -> list[
                 )
         elif use.kind == "key":
             specs.append(
-                ExpectationSpec("ExpectColumnValuesToNotBeNull", {"column": use.field, **scope}, f"key field '{use.field}' is not null{why}")
+                ExpectationSpec("ExpectColumnValuesToNotBeNull", {"column": name(use.field), **scope},
+                                f"key field '{use.field}' is not null{why}")
+            )
+        elif spark:
+            # Among the records where the engine reads no number, the value must be
+            # missing: what is there instead is the unexpected value (shown as a sample).
+            no_number = f"`{SparkDialect.number_column(use.field)}` IS NULL"
+            cond = scope.get("row_condition")
+            specs.append(
+                ExpectationSpec(
+                    "ExpectColumnValuesToBeNull",
+                    {"column": SparkDialect.column(use.field), "condition_parser": "spark",
+                     "row_condition": f"{no_number} AND ({cond})" if cond else no_number},
+                    f"value field '{use.field}' holds numbers{why}",
+                )
             )
         else:
             specs.append(

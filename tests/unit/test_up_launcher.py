@@ -93,9 +93,10 @@ def test_plan_starts_detect_demo_airflow_in_that_order_with_workdir_paths(tmp_pa
     paths = up.Paths(tmp_path)
     specs = up.plan(args, "127.0.0.1:19092", paths, "/opt/bin/airflow")
     assert [s.name for s in specs] == [
-        "detect", "demo", "airflow-api-server", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer",
+        "detect", "archive", "connect", "demo", "airflow-api-server", "airflow-scheduler", "airflow-dag-processor",
+        "airflow-triggerer",
     ]
-    detect, demo, airflow = specs[:3]
+    detect, archive, connect, demo, airflow = specs[:5]
 
     argv = list(detect.argv)
     assert argv[argv.index("--bootstrap") + 1] == "127.0.0.1:19092"
@@ -109,10 +110,25 @@ def test_plan_starts_detect_demo_airflow_in_that_order_with_workdir_paths(tmp_pa
     assert not detect.ready()
     assert detect.restart is not None  # the detection job is restarted, from its checkpoint
 
+    # The event archive: supervised like the detection job, its table under the workdir,
+    # which is where the lifecycle settings (Airflow's env) look for it.
+    argv = list(archive.argv)
+    assert argv[argv.index("archive") + 1:argv.index("archive") + 3] == ["--bootstrap", "127.0.0.1:19092"]
+    assert argv[argv.index("--table") + 1] == str(tmp_path / "archive" / "events")
+    assert Path(argv[argv.index("--checkpoint") + 1]).is_relative_to(tmp_path)
+    assert archive.restart is not None and archive.stop_signal == signal.SIGTERM
+    paths.archive_status_file.parent.mkdir(parents=True)
+    paths.archive_status_file.write_text("{}")
+    archive.before_start()
+    assert not archive.ready()
+
+    # A warm Spark for backtests (Spark Connect), restarted like the jobs.
+    assert list(connect.argv)[-3:] == ["connect", "--port", "15002"] and connect.restart is not None
+
     assert "--forever" in demo.argv and demo.restart is None
 
     # Not `airflow standalone`: it would force the simple auth manager.
-    assert [list(x.argv) for x in specs[2:]] == [
+    assert [list(x.argv) for x in specs[4:]] == [
         ["/opt/bin/airflow", c] for c in ("api-server", "scheduler", "dag-processor", "triggerer")
     ]
     assert airflow.ready is not None and airflow.on_ready is None
@@ -135,8 +151,10 @@ def test_plan_starts_detect_demo_airflow_in_that_order_with_workdir_paths(tmp_pa
     assert env["RULES_SIGNING_KEY_FILE"] == (detect.env or {})["RULES_SIGNING_KEY_FILE"] == str(tmp_path / "rules-signing.key")
     assert "RULES_SIGNING_KEY" not in env
     assert env["RULE_LIFECYCLE_BOOTSTRAP"] == "127.0.0.1:19092"
+    assert env["RULES_ARCHIVE_TABLE"] == str(paths.archive_table)
 
-    no_extras = build_parser().parse_args(["up", "--no-airflow", "--no-demo", "--workdir", str(tmp_path)])
+    no_extras = build_parser().parse_args(["up", "--no-airflow", "--no-demo", "--no-archive", "--no-connect",
+                                           "--workdir", str(tmp_path)])
     assert [s.name for s in up.plan(no_extras, "127.0.0.1:9092", paths, None)] == ["detect"]
     with pytest.raises(ValueError, match="airflow is not installed"):
         up.plan(build_parser().parse_args(["up"]), "127.0.0.1:9092", paths, None)

@@ -1,0 +1,59 @@
+"""Retention and compaction of the archive table (scheduled by the
+`archive_maintenance` DAG, or `rulectl archive --maintain`).
+
+The streaming writer adds a few small files per topic and date every trigger; OPTIMIZE
+bin-packs them so a backtest opens tens of files, not thousands. Retention deletes
+whole date partitions past `retention_days` (a metadata-only delete: the predicate is on
+a partition column). VACUUM then removes the files no table version within
+`vacuum_hours` still references, which is what frees the disk; time travel further back
+than that is given up on purpose.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+# Delta refuses VACUUM below 7 days unless its safety check is off; the archive has one
+# writer (append-only) and backtests take minutes, so a shorter window is safe here.
+_RETENTION_CHECK = "spark.databricks.delta.retentionDurationCheck.enabled"
+
+
+def maintain(spark: SparkSession, table: str, retention_days: float, vacuum_hours: float,
+             now: datetime | None = None) -> dict:
+    """Delete partitions older than `retention_days`, OPTIMIZE, VACUUM; a summary."""
+    from delta.tables import DeltaTable
+
+    started = time.time()
+    now = now or datetime.now(UTC)
+    if not DeltaTable.isDeltaTable(spark, table):
+        return {"table": table, "skipped": "no archive table yet"}
+    dt = DeltaTable.forPath(spark, table)
+    cutoff = (now - timedelta(days=retention_days)).date()
+    before = dt.toDF().filter(F.col("date") < F.lit(cutoff)).count()
+    if before:
+        dt.delete(F.col("date") < F.lit(cutoff))
+    compaction = dt.optimize().executeCompaction().collect()
+    metrics = compaction[0]["metrics"] if compaction else None
+    previous = spark.conf.get(_RETENTION_CHECK, None)
+    spark.conf.set(_RETENTION_CHECK, "false")
+    try:
+        dt.vacuum(float(vacuum_hours))
+    finally:
+        if previous is None:
+            spark.conf.unset(_RETENTION_CHECK)
+        else:
+            spark.conf.set(_RETENTION_CHECK, previous)
+    return {
+        "table": table,
+        "retention_cutoff": cutoff.isoformat(),
+        "rows_deleted": before,
+        "files_added": metrics["numFilesAdded"] if metrics else 0,
+        "files_removed": metrics["numFilesRemoved"] if metrics else 0,
+        "vacuum_hours": vacuum_hours,
+        "version": dt.history(1).collect()[0]["version"],
+        "duration_s": round(time.time() - started, 3),
+    }

@@ -1,0 +1,66 @@
+"""Drive the real archive job (`rulectl archive`, its own process and Spark) against a
+real broker: start, watch its status file, SIGTERM or SIGKILL, restart on the same
+checkpoint. Built on DetectJob's process handling (tests/detect_harness.py)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from confluent_kafka import Producer
+from detect_harness import DetectJob
+
+from spark_jobs.kafka.admin import TopicSpec, create_topics
+
+
+class ArchiveJob(DetectJob):
+    """`rulectl archive` as a subprocess; the status/wait/kill helpers are DetectJob's."""
+
+    def __init__(self, bootstrap: str, workdir: Path, topics: list[str], time_field: str = "timestamp",
+                 trigger_ms: int = 1000, max_offsets_per_trigger: int = 100_000) -> None:
+        super().__init__(bootstrap, workdir, trigger_ms=trigger_ms, max_offsets_per_trigger=max_offsets_per_trigger)
+        self.table = workdir / "archive" / "events"
+        self.checkpoint = workdir / "archive" / "checkpoint"
+        self.topics = topics
+        self.time_field = time_field
+        self.log = workdir / "archive.log"
+
+    def start(self, timeout: float = 180) -> dict:
+        if self.status_file.exists():
+            self.status_file.unlink()
+        cmd = [sys.executable, "-m", "spark_jobs.cli", "archive", "--bootstrap", self.bootstrap,
+               "--table", str(self.table), "--checkpoint", str(self.checkpoint), "--time-field", self.time_field,
+               "--trigger-ms", str(self.trigger_ms), "--max-offsets-per-trigger", str(self.max_offsets_per_trigger)]
+        for t in self.topics:
+            cmd += ["--topic", t]
+        log = self.log.open("ab")
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        return self.wait_for(lambda s: s.get("state") == "running", timeout)
+
+
+def produce_keyed(bootstrap: str, topic: str, records: list[tuple[str, str]], partitions: int = 2) -> None:
+    """Produce (key, value) records in order, confirmed; the topic is created first.
+    One key's records land in one partition, in order (the arrival order live sees)."""
+    create_topics(bootstrap, {topic: TopicSpec(partitions=partitions)})
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True})
+    errors: list[str] = []
+    for key, value in records:
+        p.produce(topic, value=value.encode(), key=key.encode(),
+                  on_delivery=lambda err, _msg: errors.append(str(err)) if err else None)
+        p.poll(0)
+    assert p.flush(30) == 0 and not errors, errors
+
+
+def wait_rows(spark, table: Path, pred, timeout: float = 120):
+    """Poll the Delta table until `pred(count)`; (count, seconds waited)."""
+    started = time.time()
+    n = -1
+    while time.time() - started < timeout:
+        if (table / "_delta_log").is_dir():
+            n = spark.read.format("delta").load(str(table)).count()
+            if pred(n):
+                return n, time.time() - started
+        time.sleep(1)
+    raise TimeoutError(f"archive table has {n} rows; condition not met in {timeout}s")
