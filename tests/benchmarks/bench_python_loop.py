@@ -56,6 +56,7 @@ import argparse
 import hashlib
 import json
 import math
+import operator
 import os
 import platform
 import re
@@ -170,33 +171,38 @@ def time_ms(x: Any) -> int | None:
 _ONE_MS = datetime(1970, 1, 1, 0, 0, 0, 1000, tzinfo=UTC) - datetime(1970, 1, 1, tzinfo=UTC)
 
 
-def compile_condition(c: Condition) -> Test:
-    """`field operator value` on a parsed event (conditions.compare semantics)."""
-    get, op, value = getter(c.field), c.operator, c.value
+_CMP: dict[str, Callable[[Any, Any], bool]] = {
+    "==": operator.eq, "!=": operator.ne, ">": operator.gt, "<": operator.lt, ">=": operator.ge, "<=": operator.le,
+}
+Pred = Callable[[Any], bool]
+
+
+def value_test(op: str, value: object) -> Pred:
+    """`x op value` on an extracted value x (_MISSING never matches), with
+    conditions.compare's semantics: a number and a numeric string compare as numbers,
+    ordering on non-numbers never matches, else `==`/`!=` compare JSON values."""
     num = rule_value_number(value)
     if num is not None:
-        cmp: Callable[[float, float], bool] = {
-            "==": lambda a, b: a == b, ">": lambda a, b: a > b, "<": lambda a, b: a < b,
-            ">=": lambda a, b: a >= b, "<=": lambda a, b: a <= b, "!=": lambda a, b: a != b,
-        }[op]
+        cmp = _CMP[op]
         if op == "!=":
-            def ne_num(e: Event) -> bool:
-                x = get(e)
+            def ne_num(x: Any) -> bool:
                 if x is _MISSING:
                     return False
                 a = as_number(x)
                 return a is None or a != num
             return ne_num
 
-        def num_test(e: Event) -> bool:
-            x = get(e)
+        def num_test(x: Any) -> bool:
+            t = type(x)
+            if t is int or t is float:
+                return cmp(x, num)
             if x is _MISSING:
                 return False
             a = as_number(x)
             return a is not None and cmp(a, num)
         return num_test
     if op not in ("==", "!="):
-        return lambda e: False
+        return lambda x: False
     if isinstance(value, bool):
         def same(x: Any) -> bool:
             return x is value
@@ -206,8 +212,14 @@ def compile_condition(c: Condition) -> Test:
         def same(x: Any) -> bool:
             return type(x) is str and x == text
     if op == "==":
-        return lambda e: (x := get(e)) is not _MISSING and same(x)
-    return lambda e: (x := get(e)) is not _MISSING and not same(x)
+        return lambda x: x is not _MISSING and same(x)
+    return lambda x: x is not _MISSING and not same(x)
+
+
+def compile_condition(c: Condition) -> Test:
+    """`field operator value` on a parsed event."""
+    get, pred = getter(c.field), value_test(c.operator, c.value)
+    return lambda e: pred(get(e))
 
 
 def cond_key(c: Condition) -> tuple:
@@ -219,28 +231,33 @@ def cond_key(c: Condition) -> tuple:
 
 @dataclass
 class ThresholdIndex:
-    """Threshold rules of one topic, routed by one field's value."""
+    """Threshold rules of one topic, routed by one field's value. A rule's other
+    conditions are (path index, predicate) over the paths read once per event."""
 
     route_field: str | None
-    routed: dict[str, list[tuple[ThresholdRule, list[Test]]]]
-    always: list[tuple[ThresholdRule, list[Test]]]
+    paths: list[str]
+    routed: dict[str, list[tuple[ThresholdRule, list[tuple[int, Pred]]]]]
+    always: list[tuple[ThresholdRule, list[tuple[int, Pred]]]]
 
     @classmethod
     def build(cls, rules: list[ThresholdRule]) -> ThresholdIndex:
-        fields = Counter(c.field for r in rules for c in r.conditions if c.operator == "==" and isinstance(c.value, str)
-                         and rule_value_number(c.value) is None)
+        def routable(c: Condition) -> bool:
+            return c.operator == "==" and isinstance(c.value, str) and rule_value_number(c.value) is None
+
+        fields = Counter(c.field for r in rules for c in r.conditions if routable(c))
         route = fields.most_common(1)[0][0] if fields else None
+        paths: dict[str, int] = {}
         routed: dict[str, list] = defaultdict(list)
         always = []
         for r in rules:
-            on = next((c for c in r.conditions if c.field == route and c.operator == "=="
-                       and isinstance(c.value, str) and rule_value_number(c.value) is None), None)
-            rest = [compile_condition(c) for c in r.conditions if c is not on]
+            on = next((c for c in r.conditions if c.field == route and routable(c)), None)
+            rest = [(paths.setdefault(c.field, len(paths)), value_test(c.operator, c.value))
+                    for c in r.conditions if c is not on]
             if on is None:
                 always.append((r, rest))
             else:
-                routed[on.value].append((r, rest))
-        return cls(route, dict(routed), always)
+                routed[str(on.value)].append((r, rest))
+        return cls(route, list(paths), dict(routed), always)
 
 
 # --- velocity -----------------------------------------------------------------------
@@ -253,8 +270,8 @@ class Window:
 
     items: deque = field(default_factory=deque)
     total: float = 0
-    ext: deque = field(default_factory=deque)  # min/max: monotonic (ts, value)
-    counts: Counter = field(default_factory=Counter)  # distinct_count
+    ext: deque | None = None  # min/max: monotonic (ts, value)
+    counts: dict[Any, int] | None = None  # distinct_count: value -> occurrences
     prev_above: bool = False
 
 
@@ -269,22 +286,24 @@ class VelocityPlan:
     threshold: float
     every: bool
     routes_to: list[CorrelationPlan]
+    key_idx: int = -1  # where its group value, value and time are in the event's extracted fields
+    value_idx: int = -1
+    time_idx: int = -1
     windows: dict[Any, Window] = field(default_factory=dict)
 
-    def step(self, e: Event, t: int) -> float | None:
-        """Take the event into its key's window; the aggregate if it emits, else None."""
-        k: Any = ""
+    @property
+    def kind(self) -> str:
+        return self.rule.aggregation_type
+
+    def step(self, k: Any, x: Any, t: int) -> float | None:
+        """Take the event (its group value `k`, aggregation value `x`, time `t`; "" and
+        None where the rule has none) into its key's window; the aggregate if it emits."""
+        if k is _MISSING or x is _MISSING:
+            return None
         if self.key is not None:
-            k = self.key(e)
-            if k is _MISSING:
-                return None
             k = key_of(k)
-        kind = self.rule.aggregation_type
-        x: Any = None
+        kind = self.kind
         if self.value is not None:
-            x = self.value(e)
-            if x is _MISSING:
-                return None
             if kind == "distinct_count":
                 x = key_of(x)
             elif kind != "count":
@@ -312,6 +331,8 @@ class VelocityPlan:
             agg = float(w.total) if kind == "sum" else w.total / len(items)
         elif kind == "distinct_count":
             counts = w.counts
+            if counts is None:
+                counts = w.counts = {}
             while items and items[0][0] <= lo:
                 old = items.popleft()[1]
                 n = counts[old] - 1
@@ -320,10 +341,12 @@ class VelocityPlan:
                 else:
                     del counts[old]
             items.append((t, x))
-            counts[x] += 1
+            counts[x] = counts.get(x, 0) + 1
             agg = float(len(counts))
         else:  # min / max: the deque front is the extreme of the window
             ext = w.ext
+            if ext is None:
+                ext = w.ext = deque()
             while ext and ext[0][0] <= lo:
                 ext.popleft()
             if kind == "max":
@@ -461,6 +484,22 @@ class Engine:
                 getter(r.aggregation_field) if r.aggregation_field else None, getter(tf),
                 r.window_ms, float(r.threshold), r.emit_mode == "all_events",
                 [] if r.emit_to_sink else by_velocity.get(r.rule_id, [])))
+        # Each path the velocity rules of a topic read is read once per event.
+        self.velocity_fields: dict[str, tuple[list[Getter], list[int]]] = {}
+        for topic, plans in self.velocity.items():
+            paths: dict[str, int] = {}
+            times: dict[str, int] = {}
+
+            def index(path: str | None, paths: dict[str, int] = paths) -> int:
+                return -1 if path is None else paths.setdefault(path, len(paths))
+
+            for v in plans:
+                r = v.rule
+                v.key_idx, v.value_idx = index(r.group_by), index(r.aggregation_field)
+                tf = r.timestamp_field if r.uses_event_time and r.timestamp_field else self.time_field
+                v.time_idx = times.setdefault(tf, len(times))
+                index(tf)
+            self.velocity_fields[topic] = ([getter(p) for p in paths], [paths[p] for p in times])
 
     def run(self, inputs: list[tuple[str, Path]]) -> list[Detection]:
         out: list[Detection] = []
@@ -495,8 +534,10 @@ class Engine:
         route_get = getter(th.route_field) if th and th.route_field else None
         routed = th.routed if th else {}
         always = th.always if th else []
+        th_getters = [getter(p) for p in th.paths] if th else []
         filters = self.filters.get(topic, [])
         velocity = self.velocity.get(topic, [])
+        getters, time_idx = self.velocity_fields.get(topic, ([], []))
         primaries = self.primaries.get(topic, [])
         if not (th or velocity or primaries):
             return
@@ -515,25 +556,32 @@ class Engine:
                     continue
                 raw = line.rstrip("\r\n")
                 if th is not None:
+                    tvals = [g(e) for g in th_getters]
                     if route_get is not None:
                         rv = route_get(e)
-                        candidates = routed.get(rv, ()) if type(rv) is str else ()
-                        for rule, tests in candidates:
-                            if all(test(e) for test in tests):
+                        for rule, tests in (routed.get(rv, ()) if type(rv) is str else ()):
+                            for i, pred in tests:
+                                if not pred(tvals[i]):
+                                    break
+                            else:
                                 append(Detection(rule, topic, raw, e))
                     for rule, tests in always:
-                        if all(test(e) for test in tests):
+                        if all(pred(tvals[i]) for i, pred in tests):
                             append(Detection(rule, topic, raw, e))
                 if velocity:
                     passed = [all(test(e) for test in tests) for tests in filters]
+                    if any(passed):
+                        vals = [g(e) for g in getters]
+                        times = [time_ms(vals[i]) for i in time_idx]
                     for v in velocity:
                         if not passed[v.filter_id]:
                             continue
-                        t = time_ms(v.time(e))
+                        t = times[v.time_idx]
                         if t is None:
                             self.dead_letters += 1
                             continue
-                        agg = v.step(e, t)
+                        agg = v.step(vals[v.key_idx] if v.key_idx >= 0 else "",
+                                     vals[v.value_idx] if v.value_idx >= 0 else None, t)
                         if agg is None:
                             continue
                         if v.rule.emit_to_sink:
