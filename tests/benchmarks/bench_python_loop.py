@@ -290,10 +290,10 @@ class VelocityPlan:
     value_idx: int = -1
     time_idx: int = -1
     windows: dict[Any, Window] = field(default_factory=dict)
+    kind: str = ""
 
-    @property
-    def kind(self) -> str:
-        return self.rule.aggregation_type
+    def __post_init__(self) -> None:
+        self.kind = self.rule.aggregation_type
 
     def step(self, k: Any, x: Any, t: int) -> float | None:
         """Take the event (its group value `k`, aggregation value `x`, time `t`; "" and
