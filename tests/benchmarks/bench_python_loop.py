@@ -27,8 +27,11 @@ What it does, in one process and one pass over the files:
   condition (here `type`), so an event is only tested against the rules of its type;
 * velocity rules keep an incremental window per (rule, key): a deque of
   (time, value), evicted from the left as time moves (window = (t - W, t]); count is
-  the deque's length, sum/avg a running sum, min/max a monotonic deque, distinct_count
-  a Counter of the values' JSON identity; `last_event` / `all_events` emit modes;
+  the deque's length, sum/avg a running sum (exact for the bench's integer amounts; with
+  float values it could differ in the last bits from the engine's exactly rounded sum),
+  min/max a monotonic deque, distinct_count a count per value (by JSON identity);
+  `last_event` / `all_events` emit modes; processing-time rules read the
+  backtest's default --time-field, `timestamp`;
 * correlation rules: context.raw is read first (it is 0.6% of the records) into a
   time-sorted buffer per (rule, key); a primary at t finds its context in
   [t - lookback, t] by bisection, exactly the frame the backtest uses regardless of
@@ -286,7 +289,6 @@ class VelocityPlan:
     filter_id: int  # index of its (shared) pre-filter
     key: Getter | None
     value: Getter | None
-    time: Getter
     window_ms: int
     threshold: float
     every: bool
@@ -483,10 +485,9 @@ class Engine:
             if fk not in seen:
                 seen[fk] = len(self.filters[r.source_topic])
                 self.filters[r.source_topic].append([compile_condition(c) for c in r.conditions])
-            tf = r.timestamp_field if r.uses_event_time and r.timestamp_field else self.time_field
             self.velocity[r.source_topic].append(VelocityPlan(
                 r, seen[fk], getter(r.group_by) if r.group_by else None,
-                getter(r.aggregation_field) if r.aggregation_field else None, getter(tf),
+                getter(r.aggregation_field) if r.aggregation_field else None,
                 r.window_ms, float(r.threshold), r.emit_mode == "all_events",
                 [] if r.emit_to_sink else by_velocity.get(r.rule_id, [])))
         # Each path the velocity rules of a topic read is read once per event.
