@@ -79,6 +79,14 @@ def connect_server_argv(port: int = DEFAULT_CONNECT_PORT, master: str = DEFAULT_
 REDACTION_REGEX = "(?i)url|jaas|sasl[.].*(password|config)|ssl[.].*password"
 
 
+def submit_jars_and_conf() -> tuple[str, dict[str, str]]:
+    """What a spark-submit of a platform job needs on its command line: `--jars` (Kafka
+    connector, Delta Lake) and Delta's SQL extension and catalog as `--conf`."""
+    from spark_jobs.jvm import spark_jars
+
+    return spark_jars(), dict(DELTA_CONF)
+
+
 def session(app_name: str, master: str | None = None, shuffle_partitions: int = 2, extra: dict | None = None,
             kafka: bool = True) -> SparkSession:
     """The session the jobs use; `kafka` adds the platform's jars to it (Spark's Kafka
@@ -113,11 +121,14 @@ def session(app_name: str, master: str | None = None, shuffle_partitions: int = 
         # any login module (tests/integration/test_kafka_security.py).
         "spark.sql.redaction.options.regex": REDACTION_REGEX,
     }
-    if kafka:
-        from spark_jobs.jvm import spark_jars
-
-        conf["spark.jars"] = spark_jars()
-        conf.update(DELTA_CONF)
+    if kafka and not os.environ.get("PYSPARK_GATEWAY_PORT"):
+        # Under spark-submit the driver's JVM is already running: jars named here would
+        # reach the executors but not the driver's class loader, and Delta's extension
+        # would then fail every query in the analyzer. The submitter passes them
+        # (`submit_jars_and_conf`, used by the Airflow backtest operator).
+        jars, delta_conf = submit_jars_and_conf()
+        conf["spark.jars"] = jars
+        conf.update(delta_conf)
     conf.update(extra or {})
     for side in ("driver", "executor"):
         key = f"spark.{side}.extraJavaOptions"

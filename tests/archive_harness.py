@@ -11,6 +11,7 @@ from pathlib import Path
 
 from confluent_kafka import Producer
 from detect_harness import DetectJob
+from pyspark.errors import AnalysisException
 
 from spark_jobs.kafka.admin import TopicSpec, create_topics
 
@@ -59,7 +60,12 @@ def wait_rows(spark, table: Path, pred, timeout: float = 120):
     n = -1
     while time.time() - started < timeout:
         if (table / "_delta_log").is_dir():
-            n = spark.read.format("delta").load(str(table)).count()
+            try:
+                n = spark.read.format("delta").load(str(table)).count()
+            except AnalysisException:
+                # `_delta_log/` is created before its first commit is written: between
+                # the two, Delta says DELTA_TABLE_NOT_FOUND. Not yet, then.
+                n = -1
             if pred(n):
                 return n, time.time() - started
         time.sleep(1)
