@@ -185,11 +185,15 @@ ROW_COLUMNS = (("k", "obj"), ("m", "obj"), ("topic", "obj"), ("seq", "int"), ("r
 # One (event, rule row) as a tuple, in this order (what the per-rule logic reads).
 _IN = ("role", "event_time", "ts_ms", "seq", "topic", "raw", "num", "jv", "k", "ts_issue")
 ROLE, EVENT_TIME, TS, SEQ, TOPIC, RAW, NUM, JV, KEY, TS_ISSUE = range(len(_IN))
+# Value columns (compiled.key_rows): t<i> epoch ms, a<i> a time's issue, n<i> number, j<i> JSON text.
 _COL_KIND = {"t": "int", "a": "obj", "n": "float", "j": "obj"}
 
 
 def _kind(col: str) -> str:
-    return "int" if col == "proc_ms" else _COL_KIND.get(col[:1], "obj")
+    fixed = dict(ROW_COLUMNS).get(col)
+    if fixed is not None:
+        return fixed
+    return _COL_KIND[col[0]] if col[1:].isdigit() else "obj"
 
 
 def _missing(v: Any) -> bool:
