@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, Observation
 from pyspark.sql import functions as F
 
 from spark_jobs.engine.conditions import compare_spec
@@ -276,7 +276,7 @@ def key_group(r: RuleRow) -> str:
 
 
 def key_rows(events: DataFrame, rows: Sequence[RuleRow], max_ahead_ms: int = 5_000,
-             skipped_metric: str = "skipped_keyed") -> tuple[DataFrame, list[Slot]]:
+             skipped_metric: str | Observation = "skipped_keyed") -> tuple[DataFrame, list[Slot]]:
     """The stateful operator's input: one row per (event, key group with a rule the
     event enters), and the slots (per rule row, by its index) that say how to read it.
 
@@ -356,24 +356,25 @@ def key_rows(events: DataFrame, rows: Sequence[RuleRow], max_ahead_ms: int = 5_0
         return x.json.isNotNull() & x.num.isNull()
 
     # Step 2: per rule row whether the event enters it, and what kept it out if a value
-    # it cannot read did (counted per rule and reason, as the status reports them).
+    # it cannot read did (counted per rule and reason, as the status reports them; each
+    # part NULL when empty, so the joined entries hold no empty one).
     flags = [enters(n, r).alias(f"_e{n}") for n, r in enumerate(rows)]
     entries: list[Column] = []
     unread = {c.path: u for r in rows for c in r.conditions if (u := checks.unreadable(c)) is not None}
     blockable = [(n, r) for n, r in enumerate(rows) if any(checks.unreadable(c) is not None for c in r.conditions)]
     if blockable:
         # Looked for once per event; the rules' blocked tests run only for an event that has one.
-        entries.append(F.when(_or(list(unread.values())), F.concat_ws(SKIPS_SEP, *[
+        entries.append(F.when(_or(list(unread.values())), F.nullif(F.concat_ws(SKIPS_SEP, *[
             F.when(source(r) & checks.blocked(r), F.concat(F.lit(f"{r.rule_id}{SKIP_SEP}value at "),
                                                             checks.unread_path(r), F.lit(" is not a number")))
-            for _, r in blockable])))
+            for _, r in blockable]), F.lit(""))))
     numeric = [(n, r) for n, r in enumerate(rows) if r.val_need == "num" and r.val_path]
     if numeric:
         entries.append(F.when(_or([not_number(p) for p in {r.val_path for _, r in numeric if r.val_path}]),
-                              F.concat_ws(SKIPS_SEP, *[
+                              F.nullif(F.concat_ws(SKIPS_SEP, *[
             F.when(source(r) & _and([checks.ok(c) for c in r.conditions]) & not_number(r.val_path),
                    F.lit(f"{r.rule_id}{SKIP_SEP}value at {r.val_path} is not a number"))
-            for _, r in numeric if r.val_path])))
+            for _, r in numeric if r.val_path]), F.lit(""))))
     events = events.select("*", *flags, F.concat_ws(SKIPS_SEP, *entries).alias("_skips"))
 
     # Step 3: per key group of the event's source, one struct; exploded into rows.
