@@ -82,7 +82,7 @@ class DetectConfig:
     fail_on_data_loss: bool = True
     master: str | None = None
     status_file: Path | None = None
-    # Keys of a rule are spread over this many buckets (one Python call per bucket and
+    # Keys of a key group are spread over this many buckets (one Python call per bucket and
     # micro-batch); fixed for a checkpoint (recorded in it), 0: the default.
     key_buckets: int = 0
 
@@ -95,10 +95,11 @@ class DetectConfig:
         return self.status_file or (self.checkpoint / "status.json")
 
 
-# Each (rule, bucket) of a micro-batch is one Python call with its own state read and
-# write: with 12 keyed rules, 32 buckets were 384 calls a batch, and 4 sustained about
-# 10% more events/s in bench_detect.py. Fewer buckets make each bucket's value (rewritten
-# whole every batch) bigger; 4 keeps it near 500 keys at 2000 users.
+# Each (key group, bucket) of a micro-batch is one Python call with its own state read
+# and write. When it was (rule, bucket): with 12 keyed rules, 32 buckets were 384 calls
+# a batch, and 4 sustained about 10% more events/s in bench_detect.py. Fewer buckets
+# make each bucket's value (rewritten whole every batch) bigger; 4 keeps it near 500
+# keys at 2000 users.
 DEFAULT_KEY_BUCKETS = 4
 BUCKETS_ENV = "DETECT_KEY_BUCKETS"
 
