@@ -341,6 +341,18 @@ def key_rows(events: DataFrame, rows: Sequence[RuleRow], max_ahead_ms: int = 5_0
         mine = F.col("in_topic") == F.lit(r.topic)
         return mine & (F.col("route_from") == F.lit(r.route_from)) if r.route_from is not None else mine
 
+    # Each distinct source test and condition once per event, as a column of its own
+    # step: the rules of a set often share them (every velocity rule of the bench tests
+    # `type != "view"`), and inside the rules' ANDs Spark would evaluate each copy.
+    shared: dict[str, tuple[str, Column]] = {}
+
+    def once(e: Column) -> Column:
+        name, _ = shared.setdefault(str(e), (f"_c{len(shared)}", e))
+        return F.col(name)
+
+    def passes(r: RuleRow) -> Column:
+        return _and([once(source(r)), *[once(checks.ok(c)) for c in r.conditions]])
+
     def enters(n: int, r: RuleRow) -> Column:
         """What keyed_rows' filter asked of an (event, rule) row, but its key."""
         value = F.lit(True)
@@ -349,7 +361,7 @@ def key_rows(events: DataFrame, rows: Sequence[RuleRow], max_ahead_ms: int = 5_0
         elif r.val_need == "json" and r.val_path:
             value = fields.value(r.val_path).json.isNotNull()
         timed = ts_of(n).isNotNull() if not r.event_time else F.lit(True)
-        return source(r) & _and([checks.ok(c) for c in r.conditions]) & value & timed
+        return passes(r) & value & timed
 
     def not_number(p: str) -> Column:
         x = fields.value(p)
@@ -372,9 +384,10 @@ def key_rows(events: DataFrame, rows: Sequence[RuleRow], max_ahead_ms: int = 5_0
     if numeric:
         entries.append(F.when(_or([not_number(p) for p in {r.val_path for _, r in numeric if r.val_path}]),
                               F.nullif(F.concat_ws(SKIPS_SEP, *[
-            F.when(source(r) & _and([checks.ok(c) for c in r.conditions]) & not_number(r.val_path),
+            F.when(passes(r) & not_number(r.val_path),
                    F.lit(f"{r.rule_id}{SKIP_SEP}value at {r.val_path} is not a number"))
             for _, r in numeric if r.val_path]), F.lit(""))))
+    events = events.select("*", *[e.alias(name) for name, e in shared.values()])
     events = events.select("*", *flags, F.concat_ws(SKIPS_SEP, *entries).alias("_skips"))
 
     # Step 3: per key group of the event's source, one struct; exploded into rows.
