@@ -411,9 +411,8 @@ def key_rows(events: DataFrame, rows: Sequence[RuleRow], max_ahead_ms: int = 5_0
         )
 
     groups: Column | None = None
-    for (topic, route_from), by_group in sources.items():
-        r0 = rows[next(iter(by_group.values()))[0]]
-        assert (r0.topic, r0.route_from) == (topic, route_from)
+    for by_group in sources.values():
+        r0 = rows[next(iter(by_group.values()))[0]]  # any row of the source: its source test
         arr = F.array(*[group_struct(g, members) for g, members in by_group.items()])
         groups = F.when(source(r0), arr) if groups is None else groups.when(source(r0), arr)
     if groups is None:  # no keyed rules: one struct per event with no rule, filtered out below
