@@ -9,8 +9,10 @@ Plan of one micro-batch:
        per event, each rule's conditions as generated code, one row per (event, rule
        it passes)
     -> threshold: detections at once
-    -> velocity, correlation: transformWithStateInPandas keyed by (rule_id, bucket of the key);
-       the bucket's keys in one state value, read and written once per batch (processor.py)
+    -> velocity, correlation: one row per (event, key group: the rules on one key
+       expression), transformWithStateInPandas keyed by (key group, bucket of the key);
+       the bucket's keys and their rules' sub-states in one state value, read and
+       written once per batch (processor.py)
     -> detections / dead letters / routed velocity emits, one Kafka write with a
        per-row topic (sink, dead-letter topic, internal `detect.routed`)
 
@@ -48,8 +50,8 @@ from spark_jobs.kafka import admin
 from spark_jobs.kafka.client_config import with_bootstrap
 from spark_jobs.kafka.spark_io import read_stream, write_stream
 from spark_jobs.rules.model import job_watermark_delay_s
-from spark_jobs.streaming.compiled import RuleRow, fan_out, read_snapshot, rows_of
-from spark_jobs.streaming.processor import OUTPUT_SCHEMA, DetectionProcessor
+from spark_jobs.streaming.compiled import SKIP_SEP, RuleRow, fan_out, key_rows, read_snapshot, rows_of
+from spark_jobs.streaming.processor import OUTPUT_SCHEMA, DetectionProcessor, Slot
 from spark_jobs.streaming.quarantine import OffsetRange, Quarantine, quarantine_reason
 from spark_jobs.streaming.registry import ROUTED_TOPIC, RuleProblem, RuleRegistry
 from spark_jobs.streaming.rules_source import RULE_DEFS
@@ -80,7 +82,7 @@ class DetectConfig:
     fail_on_data_loss: bool = True
     master: str | None = None
     status_file: Path | None = None
-    # Keys of a rule are spread over this many buckets (one Python call per bucket and
+    # Keys of a key group are spread over this many buckets (one Python call per bucket and
     # micro-batch); fixed for a checkpoint (recorded in it), 0: the default.
     key_buckets: int = 0
 
@@ -93,10 +95,11 @@ class DetectConfig:
         return self.status_file or (self.checkpoint / "status.json")
 
 
-# Each (rule, bucket) of a micro-batch is one Python call with its own state read and
-# write: with 12 keyed rules, 32 buckets were 384 calls a batch, and 4 sustained about
-# 10% more events/s in bench_detect.py. Fewer buckets make each bucket's value (rewritten
-# whole every batch) bigger; 4 keeps it near 500 keys at 2000 users.
+# Each (key group, bucket) of a micro-batch is one Python call with its own state read
+# and write. When it was (rule, bucket): with 12 keyed rules, 32 buckets were 384 calls
+# a batch, and 4 sustained about 10% more events/s in bench_detect.py. Fewer buckets
+# make each bucket's value (rewritten whole every batch) bigger; 4 keeps it near 500
+# keys at 2000 users.
 DEFAULT_KEY_BUCKETS = 4
 BUCKETS_ENV = "DETECT_KEY_BUCKETS"
 
@@ -238,9 +241,6 @@ def _records(rows: DataFrame, kind: Column, members: Column, cfg: DetectConfig) 
     )
 
 
-SKIP_SEP = "\u001f"
-
-
 def _skipped() -> Column:
     """Observed per micro-batch: `rule_id<SEP>reason` of every (event, rule) row that a
     value the rule cannot read kept from counting; the driver adds them up by rule and
@@ -256,28 +256,20 @@ def threshold_rows(raw: DataFrame, rules: Sequence[RuleRow]) -> DataFrame:
     return rows.observe("skipped_threshold", _skipped()).filter(F.col("_skip").isNull())
 
 
-def keyed_rows(raw: DataFrame, rules: Sequence[RuleRow], max_ahead_ms: int) -> DataFrame:
-    """The stateful operator's input: per (event, velocity/correlation rule it passes)
-    one row with its key, time and value.
+def keyed_rows(raw: DataFrame, rules: Sequence[RuleRow], max_ahead_ms: int) -> tuple[DataFrame, list[Slot]]:
+    """The stateful operator's input: per (event, key group of the velocity/correlation
+    rules) one row with its key, the event once and the indexes of the group's rules it
+    enters, with their times and values (compiled.key_rows); and the slots that say
+    which rule each index names (given to the processor, not carried by the rows).
 
-    A row without a key or a value does not enter the window (DESIGN.md: a missing value
+    An (event, rule) without a key or a value does not enter (DESIGN.md: a missing value
     is no error, and most events of a shared topic lack most rules' fields). A value
     that is there but cannot be read (a non-number where the rule sums or compares
     numbers) is counted per rule and reason (observed `skipped_keyed`), so "why did
     nothing fire" has an answer in the status.
     """
-    keyed = fan_out(raw, [r for r in rules if r.rule_type != "threshold"], max_ahead_ms=max_ahead_ms)
-    not_number = (F.col("val_need") == "num") & F.col("jv").isNotNull() & F.col("num").isNull()
-    skip = F.coalesce(
-        F.col("_skip"),
-        F.when(not_number, F.concat(F.lit("value at "), F.col("val_path"), F.lit(" is not a number"))),
-    )
-    enters = (F.col("k").isNotNull()
-              & ((F.col("val_need") == "none") | ((F.col("val_need") == "num") & F.col("num").isNotNull())
-                 | ((F.col("val_need") == "json") & F.col("jv").isNotNull())))
-    return keyed.withColumn("_skip", skip).observe("skipped_keyed", _skipped()).filter(
-        F.col("_skip").isNull() & enters & (F.col("ts_ms").isNotNull() | F.col("event_time"))
-    )
+    return key_rows(raw, [r for r in rules if r.rule_type != "threshold"], max_ahead_ms=max_ahead_ms,
+                    skipped_metric="skipped_keyed")
 
 
 def build(spark: SparkSession, cfg: DetectConfig, watermark_delay_s: float, topics: list[str],
@@ -303,19 +295,18 @@ def build(spark: SparkSession, cfg: DetectConfig, watermark_delay_s: float, topi
 
     # Velocity and correlation: the other scan, through the stateful operator (which
     # also dead-letters late rows and event-time rows without a usable timestamp).
-    keyed = keyed_rows(raw, rules, max_ahead_ms=max(1_000, int(watermark_delay_s * 1000)))
-    # The job watermark: bounded out-of-orderness over event-time rows. The metadata is
-    # then projected away (wm_ts re-derived) so Spark does not drop late rows silently;
-    # the processor dead-letters them instead.
-    watermarked = keyed.withColumn(
-        "wm_ts", F.when(F.col("event_time"), F.timestamp_millis(F.col("ts_ms")))
-    ).withWatermark("wm_ts", f"{int(watermark_delay_s * 1000)} milliseconds")
+    keyed, slots = keyed_rows(raw, rules, max_ahead_ms=max(1_000, int(watermark_delay_s * 1000)))
+    # The job watermark: bounded out-of-orderness over the event times of the rows'
+    # event-time rules (`wm`). The metadata is then projected away so Spark does not
+    # drop late rows silently; the processor dead-letters them instead.
+    watermarked = keyed.withColumn("wm_ts", F.timestamp_millis(F.col("wm"))).withWatermark(
+        "wm_ts", f"{int(watermark_delay_s * 1000)} milliseconds")
     stateful_in = watermarked.select(
-        "rule_id", "k", "role", "rule_ref", "event_time", "ts_ms", "seq", "topic", "raw", "num", "jv", "ts_issue",
+        *[c for c in keyed.columns if c != "wm"],
         F.pmod(F.xxhash64("k"), F.lit(buckets)).cast("int").alias("bucket"),
     )
-    out = stateful_in.groupBy("rule_id", "bucket").transformWithStateInPandas(
-        DetectionProcessor(str(cfg.state_dir / RULE_DEFS)), OUTPUT_SCHEMA, "Append", "EventTime"
+    out = stateful_in.groupBy("gid", "bucket").transformWithStateInPandas(
+        DetectionProcessor(slots, str(cfg.state_dir / RULE_DEFS)), OUTPUT_SCHEMA, "Append", "EventTime"
     )
 
     members = F.when(

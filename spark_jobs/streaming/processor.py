@@ -1,16 +1,29 @@
-"""The stateful processor of the live job: transformWithStateInPandas keyed by (rule_id, bucket).
+"""The stateful processor of the live job: transformWithStateInPandas keyed by (key group, bucket).
 
-A bucket is `pmod(xxhash64(key), N)` of the rule's grouping key (job.py), so one Python
-call serves every key of a rule that falls in that bucket. The bucket's state is one
-value in Spark's state store (RocksDB), checkpointed with the query: its timer and,
-per key, the rule version/signature, the last crossing flag, the newest event time,
-the key's expiry and its velocity window or correlation buffers.
+A key group is every keyed rule (velocity, correlation) with the same key expression
+(compiled.key_group: the JSON path of its grouping/correlation key). The operator gets
+one row per (event, key group), not per (event, rule): the key, the event once, and in
+`m` the indexes of the group's rule rows the event enters ("0,3,7"), each index naming
+a `Slot` (which rule, in which role, and which columns hold its time and value). With
+one row per (event, rule) the operator's per-row cost (pyspark's row input path,
+regrouping, the event's text on every row) was what held the job down: 7.7 rows per
+event for the benchmark's rules. The rules are read by reference once per process (the
+slots name them; nothing of a rule travels with the rows), and each rule keeps its own
+sub-state per key, evaluated by the same per-rule logic as before.
+
+A bucket is `pmod(xxhash64(key), N)` of the key (job.py), so one Python call serves
+every key of a group that falls in that bucket. The bucket's state is one value in
+Spark's state store (RocksDB), checkpointed with the query: its timer and, per key and
+rule id, the rule version/signature, the last crossing flag, the newest event time, the
+sub-state's expiry and its velocity window or correlation buffers. This is a new state
+layout: checkpoints of the (rule_id, bucket) processor cannot be resumed (start the job
+with a fresh checkpoint).
 
 Why one value per bucket and not a MapState entry per key: every state call is a
 round trip to the JVM's state server, and pyspark's MapState has no batched get or
 update. One get and one update per key and batch took most of the operator's time
-(about 85% at 20k events per batch); it is now two calls per (rule, bucket)
-and batch, whatever the number of keys. The price: a batch rewrites
+(about 85% at 20k events per batch); it is now two calls per (key group, bucket)
+and batch, whatever the number of keys and rules. The price: a batch rewrites
 the whole bucket, also its keys without new events; at the rates where that would
 matter, nearly every key has new events in every batch anyway.
 
@@ -24,12 +37,12 @@ lists, so a window of 1000 events loads in microseconds instead of a millisecond
 layout is a new state schema: checkpoints written by the Row-based processor cannot be
 resumed (start the job with a fresh checkpoint).
 
-Expiry: each key has its own expiry time (its newest event a full window, plus the
-allowed lateness, behind); a key is forgotten once the watermark reaches it, exactly
-as a per-key event-time timer would forget it. The bucket keeps one event-time timer
-at (or before) the earliest expiry of its keys; it is moved only when a key needs an
-earlier one, and when it fires the expired keys are removed and the timer re-set for
-the next.
+Expiry: each (key, rule) sub-state has its own expiry time (its newest event a full
+window, plus the allowed lateness, behind); it is forgotten once the watermark reaches
+it, exactly as a per-(rule, key) event-time timer would forget it. The bucket keeps one
+event-time timer at (or before) the earliest expiry of its sub-states; it is moved only
+when one needs an earlier one, and when it fires the expired sub-states (and keys left
+with none) are removed and the timer re-set for the next.
 
 Rows older than the job watermark are not dropped silently: they come out as dead
 letters ("late"). That is why the watermark is read here from the timer values instead
@@ -41,8 +54,8 @@ from __future__ import annotations
 import json
 import pickle
 import struct
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -82,8 +95,8 @@ from spark_jobs.streaming.rules_source import rule_def_path
 KEY_STATE_FIELDS = ("version", "signature", "prev_above", "max_ts", "expiry", "t", "n", "j", "context", "pending")
 VERSION, SIGNATURE, PREV_ABOVE, MAX_TS, EXPIRY, T, N, J, CONTEXT, PENDING = range(len(KEY_STATE_FIELDS))
 # A bucket's whole state, read and written once per micro-batch: its timer and its
-# keys, {key: tuple of KEY_STATE_FIELDS} pickled (builtins only: str, int, bool,
-# bytes, None). See the module docstring for why not a MapState.
+# keys, {key: {rule_id: tuple of KEY_STATE_FIELDS}} pickled (builtins only: str, int,
+# bool, bytes, None). See the module docstring for why not a MapState.
 BUCKET_SCHEMA = StructType([StructField("timer", LongType()), StructField("keys", BinaryType())])
 
 OUTPUT_SCHEMA = StructType([
@@ -149,10 +162,38 @@ def _signature(rule: AnyRule) -> str:
 
 # -- input: pandas column batches -> plain tuples ----------------------------------------
 
-# An input row as a tuple, in this order; `k` (the key) last.
-_IN = (("role", "obj"), ("event_time", "obj"), ("ts_ms", "int"), ("seq", "int"), ("topic", "obj"), ("raw", "obj"),
-       ("num", "float"), ("jv", "obj"), ("k", "obj"), ("ts_issue", "obj"))
+
+class Slot(NamedTuple):
+    """One keyed rule row of the plan, named by its index in an input row's `m`: the
+    rule (by `rule_ref` in the job's defs_dir, or whole as `rule_json` where tests and
+    tools build rows by hand), its role, and the columns its time and value are in."""
+
+    rule_ref: str | None
+    rule_json: str | None
+    role: str  # source | context | routed
+    event_time: bool
+    ts_col: str  # epoch ms (proc_ms: processing time)
+    far_col: str | None  # why the time is unusable (NULL: it is usable)
+    num_col: str | None
+    jv_col: str | None
+
+
+# The columns of every input row: the key group and bucket (the grouping), the key,
+# the slot indexes and the event.
+ROW_COLUMNS = (("k", "obj"), ("m", "obj"), ("topic", "obj"), ("seq", "int"), ("raw", "obj"), ("proc_ms", "int"))
+
+# One (event, rule row) as a tuple, in this order (what the per-rule logic reads).
+_IN = ("role", "event_time", "ts_ms", "seq", "topic", "raw", "num", "jv", "k", "ts_issue")
 ROLE, EVENT_TIME, TS, SEQ, TOPIC, RAW, NUM, JV, KEY, TS_ISSUE = range(len(_IN))
+# Value columns (compiled.key_rows): t<i> epoch ms, a<i> a time's issue, n<i> number, j<i> JSON text.
+_COL_KIND = {"t": "int", "a": "obj", "n": "float", "j": "obj"}
+
+
+def _kind(col: str) -> str:
+    fixed = dict(ROW_COLUMNS).get(col)
+    if fixed is not None:
+        return fixed
+    return _COL_KIND[col[0]] if col[1:].isdigit() else "obj"
 
 
 def _missing(v: Any) -> bool:
@@ -310,108 +351,153 @@ def _load_rows(b: bytes | None) -> list[Row]:
     return list(map(Row, ts, seq, num, jv, raw, topic))
 
 
-def _forget_idle_processing_time_keys(rule: VelocityRule, keys: dict[str, tuple],
+def _forget_idle_processing_time_keys(rule: VelocityRule, keys: dict[str, dict[str, tuple]],
                                      batch: dict[str, list[tuple]]) -> bool:
-    """Drop the keys of a processing-time rule whose window is empty by now.
+    """Drop the sub-states of a processing-time rule whose window is empty by now.
 
     Processing time has no watermark and the operator's timers are event-time ones, so
-    these keys are swept whenever their bucket is called: `now` is the newest broker
-    time in the batch, and a key whose newest entry is a whole window older holds
-    nothing any later event can see. (As with event-time expiry, a key forgotten this
-    way has no "previous event" for `last_event` when it comes back.) Returns whether
-    any key was dropped.
+    these are swept whenever the rule has rows in their bucket: `now` is the newest
+    broker time of the rule's rows in the batch, and a key whose newest entry is a
+    whole window older holds nothing any later event can see. (As with event-time
+    expiry, a key forgotten this way has no "previous event" for `last_event` when it
+    comes back.) Returns whether any was dropped.
     """
     times = [r[TS] for rows in batch.values() for r in rows if r[TS] is not None]
     if not times:
         return False
     horizon = max(times) - rule.window_ms
-    idle = [k for k, v in keys.items() if k not in batch and v[MAX_TS] is not None and v[MAX_TS] <= horizon]
+    rid = rule.rule_id
+    idle = [k for k, subs in keys.items()
+            if k not in batch and (v := subs.get(rid)) is not None and v[MAX_TS] is not None and v[MAX_TS] <= horizon]
     for k in idle:
-        del keys[k]
+        subs = keys[k]
+        del subs[rid]
+        if not subs:
+            del keys[k]
     return bool(idle)
 
 
 class DetectionProcessor(StatefulProcessor):
-    """One instance per task; `handleInputRows` runs per (rule_id, bucket) of a batch.
+    """One instance per task; `handleInputRows` runs per (key group, bucket) of a batch.
 
-    A group's rule is named by its rows' `rule_ref`, read from `defs_dir` (the job), or
-    given whole in a `rule_json` column (tests and tools that build rows by hand).
+    `slots` are the plan's keyed rule rows (compiled.key_rows), indexed by the rows'
+    `m`; a slot's rule is read from `defs_dir` by its `rule_ref` (the job), or given
+    whole as its `rule_json`.
     """
 
-    def __init__(self, defs_dir: str | None = None) -> None:
+    def __init__(self, slots: Sequence[Slot], defs_dir: str | None = None) -> None:
+        self.slots = list(slots)
         self.defs_dir = defs_dir
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
         self.bucket = handle.getValueState("bucket", BUCKET_SCHEMA)
 
+    def _rule_of(self, slot: Slot) -> tuple[AnyRule, str]:
+        if slot.rule_ref is not None and self.defs_dir is not None:
+            return _rule_by_ref(self.defs_dir, slot.rule_ref)
+        if slot.rule_json is None:
+            raise ValueError(f"slot {slot} names its rule by reference and the processor has no defs_dir")
+        return _rule(slot.rule_json)
+
     # -- the bucket: its timer and its keys' state, one read and one write ---------------
-    def _load(self) -> tuple[int | None, dict[str, tuple]]:
+    def _load(self) -> tuple[int | None, dict[str, dict[str, tuple]]]:
         v = self.bucket.get()  # None when absent: no exists() round trip
         if v is None:
             return None, {}
         return v[0], pickle.loads(v[1]) if v[1] else {}
 
-    def _store(self, timer: int | None, keys: dict[str, tuple]) -> None:
+    def _store(self, timer: int | None, keys: dict[str, dict[str, tuple]]) -> None:
         if not keys and timer is None:
             self.bucket.clear()
         else:
             self.bucket.update((timer, pickle.dumps(keys, protocol=pickle.HIGHEST_PROTOCOL)))
 
+    def _rows_by_rule(self, frames: Iterator[pd.DataFrame]) -> dict[str, tuple[AnyRule, str, dict[str, list[tuple]]]]:
+        """The batch's rows of this group as (event, rule row) tuples (`_IN`), by rule id
+        and key, in arrival order."""
+        by_rule: dict[str, tuple[AnyRule, str, dict[str, list[tuple]]]] = {}
+        # Per slot index of `m`: (slot, that rule's rows by key); rules resolved once per call.
+        seen: dict[str, tuple[Slot, dict[str, list[tuple]]]] = {}
+        for pdf in frames:  # more than one when the group outgrows an Arrow batch
+            n = len(pdf)
+            if n == 0:
+                continue
+            cols: dict[str, list] = {}
+
+            def col(name: str | None, pdf: pd.DataFrame = pdf, n: int = n, cols: dict[str, list] = cols) -> list:
+                if name is None:
+                    return [None] * n
+                got = cols.get(name)
+                if got is None:
+                    got = cols[name] = _column(pdf[name], _kind(name)) if name in pdf else [None] * n
+                return got
+
+            ks, ms, topics, seqs, raws = col("k"), col("m"), col("topic"), col("seq"), col("raw")
+            per_slot: dict[str, tuple] = {}
+            for i, m in enumerate(ms):
+                for idx in m.split(","):
+                    hit = seen.get(idx)
+                    if hit is None:
+                        slot = self.slots[int(idx)]
+                        rule, sig = self._rule_of(slot)
+                        entry = by_rule.get(rule.rule_id)
+                        if entry is None:
+                            entry = by_rule[rule.rule_id] = (rule, sig, {})
+                        hit = seen[idx] = (slot, entry[2])
+                    slot, per_key = hit
+                    cs = per_slot.get(idx)
+                    if cs is None:
+                        cs = per_slot[idx] = (col(slot.ts_col), col(slot.far_col), col(slot.num_col), col(slot.jv_col))
+                    ts, issue = cs[0][i], cs[1][i]
+                    if issue is not None:
+                        ts = None
+                    k = ks[i]
+                    r = (slot.role, slot.event_time, ts, seqs[i], topics[i], raws[i], cs[2][i], cs[3][i], k, issue)
+                    group = per_key.get(k)
+                    if group is None:
+                        per_key[k] = [r]
+                    else:
+                        group.append(r)
+        return by_rule
+
     # -- the API -------------------------------------------------------------------------
     def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any) -> Iterator[pd.DataFrame]:
-        by_key: dict[str, list[tuple]] = {}
-        found: tuple[AnyRule, str] | None = None
-        for pdf in rows:  # more than one when the group outgrows an Arrow batch
-            if len(pdf) == 0:
-                continue
-            if found is None:
-                # One consistent rule set per micro-batch: every row of a group has the same rule.
-                if "rule_ref" in pdf and self.defs_dir is not None:
-                    found = _rule_by_ref(self.defs_dir, pdf["rule_ref"].iat[0])
-                else:
-                    found = _rule(pdf["rule_json"].iat[0])
-            n = len(pdf)
-            # `ts_issue` is absent from frames built by older callers: None then.
-            cols = [_column(pdf[name], kind) if name in pdf else [None] * n for name, kind in _IN]
-            for r in zip(*cols, strict=True):
-                k = r[KEY]
-                group = by_key.get(k)
-                if group is None:
-                    by_key[k] = [r]
-                else:
-                    group.append(r)
-        if found is None:
+        by_rule = self._rows_by_rule(rows)
+        if not by_rule:
             return
-        rule, sig = found
         watermark = timerValues.getCurrentWatermarkInMs()
         timer, keys = self._load()
         out: list[tuple] = []
         earliest: int | None = None
         changed = False
-        for k, key_rows in by_key.items():
-            key_out: list[tuple] = []
-            try:
-                stored = self._key(rule, sig, k, key_rows, watermark, key_out, keys.get(k))
-            except Exception as exc:  # noqa: BLE001 - one key's failure must not fail the batch
-                # The key's rows become dead letters with the error and its state stays as
-                # it was; the batch, every other key and the job go on. Failing the batch
-                # would fail it again on every restart: the same rows come back.
-                reason = f"rule evaluation failed: {type(exc).__name__}: {str(exc)[:300]}"
-                out.extend(_out("dead", rule, _to_row(r), reason=reason) for r in key_rows)
-                continue
-            out.extend(key_out)
-            if stored is None:
-                continue
-            keys[k] = stored
-            changed = True
-            expiry = stored[EXPIRY]
-            if expiry is not None and (earliest is None or expiry < earliest):
-                earliest = expiry
-        if isinstance(rule, VelocityRule) and not rule.uses_event_time:
-            changed |= _forget_idle_processing_time_keys(rule, keys, by_key)
-        # Keys not in this batch keep expiries at or after the registered timer; it only
-        # has to move when a key of this batch needs an earlier one. Spark refuses a
+        for rid, (rule, sig, by_key) in by_rule.items():
+            for k, key_rows in by_key.items():
+                key_out: list[tuple] = []
+                subs = keys.get(k)
+                try:
+                    stored = self._key(rule, sig, k, key_rows, watermark, key_out, subs.get(rid) if subs else None)
+                except Exception as exc:  # noqa: BLE001 - one key's failure must not fail the batch
+                    # The key's rows become dead letters with the error and its state stays as
+                    # it was; the batch, every other key and rule and the job go on. Failing
+                    # the batch would fail it again on every restart: the same rows come back.
+                    reason = f"rule evaluation failed: {type(exc).__name__}: {str(exc)[:300]}"
+                    out.extend(_out("dead", rule, _to_row(r), reason=reason) for r in key_rows)
+                    continue
+                out.extend(key_out)
+                if stored is None:
+                    continue
+                if subs is None:
+                    subs = keys[k] = {}
+                subs[rid] = stored
+                changed = True
+                expiry = stored[EXPIRY]
+                if expiry is not None and (earliest is None or expiry < earliest):
+                    earliest = expiry
+            if isinstance(rule, VelocityRule) and not rule.uses_event_time:
+                changed |= _forget_idle_processing_time_keys(rule, keys, by_key)
+        # Sub-states not in this batch keep expiries at or after the registered timer; it
+        # only has to move when one of this batch needs an earlier one. Spark refuses a
         # timer at or before the watermark (an event far in the past, with the watermark
         # still at 0, has such an expiry): it fires at the next watermark move instead.
         if earliest is not None:
@@ -496,20 +582,25 @@ class DetectionProcessor(StatefulProcessor):
         stored[CONTEXT], stored[PENDING] = _dump_rows(state.context), _dump_rows(state.pending)
 
     def handleExpiredTimer(self, key: Any, timerValues: Any, expiredTimerInfo: Any) -> Iterator[pd.DataFrame]:
-        """Forget the keys whose newest event is a full window (plus the allowed lateness)
-        behind the watermark: the keys whose own timer would have fired (expiry <=
-        watermark, Spark's rule for event-time timers). Then re-arm for the next."""
+        """Forget the (key, rule) sub-states whose newest event is a full window (plus the
+        allowed lateness) behind the watermark: those whose own timer would have fired
+        (expiry <= watermark, Spark's rule for event-time timers), and keys left with
+        none. Then re-arm for the next."""
         watermark = timerValues.getCurrentWatermarkInMs()
         _, keys = self._load()
         earliest: int | None = None
-        kept: dict[str, tuple] = {}
-        for k, v in keys.items():
-            expiry = v[EXPIRY]
-            if expiry is not None and expiry <= watermark:
-                continue
-            kept[k] = v
-            if expiry is not None and (earliest is None or expiry < earliest):
-                earliest = expiry
+        kept: dict[str, dict[str, tuple]] = {}
+        for k, subs in keys.items():
+            live: dict[str, tuple] = {}
+            for rid, v in subs.items():
+                expiry = v[EXPIRY]
+                if expiry is not None and expiry <= watermark:
+                    continue
+                live[rid] = v
+                if expiry is not None and (earliest is None or expiry < earliest):
+                    earliest = expiry
+            if live:
+                kept[k] = live
         # Spark deletes the fired timer after this returns; `earliest` > watermark >= it.
         if earliest is not None:
             self.handle.registerTimer(earliest)

@@ -1,5 +1,7 @@
 """Property: the live plan's compiled rule set (compiled.py) passes exactly the (event,
-rule) pairs the plain-Python reference evaluator passes, on random rules and events.
+rule) pairs the plain-Python reference evaluator passes, on random rules and events:
+threshold rules (one row per pair) and velocity rules (one row per (event, key group),
+the pairs named by index in it, and the values they cannot read observed per pair).
 
 The compiled plan groups rules by source topic, routes the rules that test one path for
 equality with a string by a CASE on the event's value, and looks for unreadable values
@@ -11,15 +13,17 @@ condition of every rule of the event's topic, one by one, in Python.
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from pyspark.sql import Observation
 from pyspark.sql import functions as F
 from reference_engine import compare, get_path, parse_event, parse_number
 
 from spark_jobs.engine.events import classify
-from spark_jobs.streaming.compiled import fan_out, rows_of
+from spark_jobs.streaming.compiled import fan_out, key_rows, rows_of
 from spark_jobs.streaming.job import threshold_rows
 from spark_jobs.streaming.registry import ROUTED_TOPIC
 
@@ -137,3 +141,83 @@ def test_compiled_rules_count_the_values_they_cannot_read(spark, tmp_path_factor
     out = fan_out(raw, rows).filter(F.col("_skip").isNotNull()).select("seq", "rule_id").collect()
     _, skipped = _reference(rule_list, evs)
     assert {(r["seq"], r["rule_id"]) for r in out} == skipped
+
+
+@st.composite
+def velocity_rules(draw) -> list[dict]:
+    out = []
+    for i in range(draw(st.integers(1, 8))):
+        agg, field = draw(st.sampled_from([("count", None), ("count", "n"), ("sum", "n"), ("max", "deep.x"),
+                                           ("distinct_count", "m")]))
+        rule = {"rule_id": f"v{i}", "version": "1", "rule_type": "velocity",
+                "source_topic": draw(st.sampled_from(TOPICS)), "window_size": 10, "window_unit": "seconds",
+                "aggregation_type": agg, "threshold": 2,
+                "conditions": draw(st.lists(condition(), min_size=0, max_size=3))}
+        if field:
+            rule["aggregation_field"] = field
+        group_by = draw(st.sampled_from(["m", "deep.x", None]))
+        if group_by:
+            rule["group_by"] = group_by
+        out.append(rule)
+    return out
+
+
+def _path_text(field: str) -> str:
+    """A dotted field as the live plan names it in a reason (`$['a']['b']`)."""
+    return "$" + "".join(f"['{part}']" for part in field.split("."))
+
+
+def _keyed_reference(rule_list: list[dict], evs: list[tuple[str, str]]) -> tuple[Counter, Counter]:
+    """(seq, rule_id, key group) of each (event, velocity rule) the event enters, and
+    (rule_id, reason) of each one a value the rule cannot read kept out."""
+    entered, skipped = Counter(), Counter()
+    for seq, (topic, raw) in enumerate(evs):
+        obj = parse_event(raw)
+        if obj is None:
+            continue
+        for r in rule_list:
+            if r["source_topic"] != topic:
+                continue
+            conds = r["conditions"]
+            oks = [compare(get_path(obj, c["field"]), c["operator"], c["value"]) for c in conds]
+            unread = [c["operator"] in (">", "<", ">=", "<=") and parse_number(c["value"]) is not None
+                      and get_path(obj, c["field"]) is not None and parse_number(get_path(obj, c["field"])) is None
+                      for c in conds]
+            if not all(oks):
+                if any(unread) and all(o or u for o, u in zip(oks, unread, strict=True)):
+                    first = next(c for c, u in zip(conds, unread, strict=True) if u)
+                    skipped[(r["rule_id"], f"value at {_path_text(first['field'])} is not a number")] += 1
+                continue
+            field = r.get("aggregation_field")
+            value = get_path(obj, field) if field else None
+            if r["aggregation_type"] in ("sum", "max") and value is not None and parse_number(value) is None:
+                skipped[(r["rule_id"], f"value at {_path_text(field)} is not a number")] += 1
+                continue
+            if field and (value is None or (r["aggregation_type"] in ("sum", "max") and parse_number(value) is None)):
+                continue
+            if r.get("group_by") and get_path(obj, r["group_by"]) is None:
+                continue
+            entered[(seq, r["rule_id"], _path_text(r["group_by"]) if r.get("group_by") else "")] += 1
+    return entered, skipped
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                                                   HealthCheck.function_scoped_fixture])
+@given(rule_list=velocity_rules(), evs=events())
+def test_keyed_rows_name_the_rules_the_reference_enters(spark, tmp_path_factory, rule_list, evs):
+    rows, raw = _compiled_input(spark, tmp_path_factory, rule_list, evs)
+    skips = Observation("skips")
+    keyed, slots = key_rows(raw, rows, skipped_metric=skips)
+    got_rows = keyed.collect()
+    rule_of = {r.rule_ref: r.rule_id for r in rows}
+    got: Counter = Counter()
+    for row in got_rows:
+        assert row["k"] is not None and row["m"]
+        # One row per (event, key group).
+        assert sum(1 for o in got_rows if (o["seq"], o["gid"]) == (row["seq"], row["gid"])) == 1
+        for i in row["m"].split(","):
+            got[(row["seq"], rule_of[slots[int(i)].rule_ref], row["gid"])] += 1
+    entered, skipped = _keyed_reference(rule_list, evs)
+    assert got == entered
+    observed = Counter(tuple(e.split("\u001f")) for e in skips.get["rows"])
+    assert observed == skipped

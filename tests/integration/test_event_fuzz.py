@@ -64,17 +64,15 @@ RAW = st.sampled_from(['{"x": NaN, "ts": 1}', '{"x": Infinity}', '{"x": 1e400, "
 LINES = st.lists(st.one_of(EVENT.map(lambda e: json.dumps(e)), RAW), min_size=1, max_size=40)
 
 
-def _live_rows(spark, lines: list[str], defs: Path) -> tuple[list, list]:
+def _live_rows(spark, lines: list[str], defs: Path) -> tuple[list, list, list]:
     rules = rows_of({r["rule_id"]: r for r in RULES}, ROUTED_TOPIC, defs)
     raw = spark.createDataFrame([(i, line) for i, line in enumerate(lines)], "seq long, raw string").select(
         F.lit("e").alias("in_topic"), F.lit("e").alias("topic"), "seq", F.lit(None).cast("string").alias("route_from"),
         "raw", F.lit(1767600000000).cast("long").alias("proc_ms"))
     events = classify(raw)
     threshold = threshold_rows(events, rules).select("rule_id", "_reason").collect()
-    keyed = keyed_rows(events, rules, max_ahead_ms=5_000).select(
-        "rule_id", "k", "role", "rule_ref", "event_time", "ts_ms", "seq", "topic", "raw", "num", "jv", "ts_issue"
-    ).collect()
-    return threshold, keyed
+    keyed, slots = keyed_rows(events, rules, max_ahead_ms=5_000)
+    return threshold, keyed.collect(), slots
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
@@ -89,15 +87,16 @@ def test_any_event_against_any_rule_never_raises(spark, tmp_path_factory, lines)
                                                  time_field="ts"))
     assert isinstance(summary, dict)
 
-    threshold, keyed = _live_rows(spark, lines, work / "defs")
+    threshold, keyed, slots = _live_rows(spark, lines, work / "defs")
     assert all(r["rule_id"] is not None or r["_reason"] for r in threshold)
-    # The keyed operator's Python, as the live job calls it (one call per rule).
-    tester = TwsTester(DetectionProcessor(str(work / "defs")), timeMode="EventTime", eventTimeExtractor=lambda r: 1 << 62)
-    by_rule: dict[str, list[dict]] = {}
+    # The keyed operator's Python, as the live job calls it (one call per key group).
+    tester = TwsTester(DetectionProcessor(slots, str(work / "defs")), timeMode="EventTime",
+                       eventTimeExtractor=lambda r: 1 << 62)
+    by_group: dict[str, list[dict]] = {}
     for r in keyed:
-        by_rule.setdefault(r["rule_id"], []).append(r.asDict())
-    for rule_id, rows in by_rule.items():
-        out = tester.testInPandas((rule_id, 0), pd.DataFrame(rows))
+        by_group.setdefault(r["gid"], []).append(r.asDict())
+    for gid, rows in by_group.items():
+        out = tester.testInPandas((gid, 0), pd.DataFrame(rows))
         if len(out.columns):
             out = out.set_axis(OUTPUT_SCHEMA.names, axis=1)  # the frame is positional, as Arrow reads it
             failed = out[(out["kind"] == "dead") & out["reason"].astype(str).str.startswith("rule evaluation")]

@@ -1,8 +1,11 @@
-"""The bucketed pandas processor (one Python call per (rule, bucket of keys), the
-bucket's keys and its one timer in one state value) against the per-key Row processor it
-replaced (one call, ListState/ValueState and one timer per (rule, key), the velocity
-window filtered per event by definition): the same output for the same micro-batches
-and watermarks, expiry, late rows and rows without a timestamp included.
+"""The bucketed pandas processor (one Python call per (key group, bucket of keys), one
+input row per (event, key group) naming the group's rules the event enters, the
+bucket's keys with each rule's sub-state and its one timer in one state value) against
+the per-key Row processor it replaced (one call, ListState/ValueState and one timer per
+(rule, key), one row per (event, rule), the velocity window filtered per event by
+definition): the same output for the same micro-batches and watermarks, expiry, late
+rows and rows without a timestamp included, for one rule and for several rules sharing
+a key group (each event entering a random subset of them).
 
 Both are driven by pyspark's TwsTester (in-memory state, Spark's timer rule: fire when
 expiry <= watermark). The pandas processor's input is made the way the Python worker
@@ -54,6 +57,7 @@ from spark_jobs.streaming.keyed_logic import (  # noqa: E402
 from spark_jobs.streaming.processor import (  # noqa: E402
     OUTPUT_SCHEMA,
     DetectionProcessor,
+    Slot,
     _column,
     _dump_rows,
     _dump_texts,
@@ -208,32 +212,75 @@ class PerKeyProcessor(StatefulProcessor):
 
 # ------------------------------------------------------------------ Spark's way in and out
 
-# The operator's input as job.py builds it (grouped by rule_id and bucket).
-_IN_SCHEMA = pa.schema([
-    ("rule_id", pa.string()), ("k", pa.string()), ("role", pa.string()), ("rule_json", pa.string()),
-    ("event_time", pa.bool_()), ("ts_ms", pa.int64()), ("seq", pa.int64()), ("topic", pa.string()),
-    ("raw", pa.string()), ("num", pa.float64()), ("jv", pa.string()), ("bucket", pa.int32()),
-])
+# The operator's input as job.py builds it (grouped by key group and bucket): the
+# columns every row has; then t<s>, a<s>, n<s>, j<s> per slot here (compiled.key_rows
+# has one per distinct path; each slot its own is the general case for the processor).
+_ROW_FIELDS = [("gid", pa.string()), ("k", pa.string()), ("m", pa.string()), ("topic", pa.string()),
+               ("seq", pa.int64()), ("raw", pa.string()), ("proc_ms", pa.int64())]
+GID = "$['user']"
 
 
-def _worker_groups(rows: list[dict], max_records: int) -> Iterator[tuple[Any, Iterator[pd.DataFrame]]]:
+def _slots_of(rows: list[dict]) -> list[Slot]:
+    """One slot per (rule, role, time mode) of per-(event, rule) rows, in first-seen order."""
+    seen: dict[tuple, Slot] = {}
+    for r in rows:
+        sk = (r["rule_json"], r["role"], r["event_time"])
+        if sk not in seen:
+            s = len(seen)
+            seen[sk] = Slot(None, r["rule_json"], r["role"], r["event_time"], f"t{s}", f"a{s}", f"n{s}", f"j{s}")
+    return list(seen.values())
+
+
+def _grouped(rows: list[dict], slots: list[Slot]) -> list[dict]:
+    """Per-(event, rule) rows (the previous operator's input) -> one row per event (its
+    `seq`): the event once, `m` the slots of its rules, each slot's values in its columns."""
+    index = {(s.rule_json, s.role, s.event_time): n for n, s in enumerate(slots)}
+    out: dict[int, dict] = {}
+    for r in rows:
+        n = index[(r["rule_json"], r["role"], r["event_time"])]
+        row = out.get(r["seq"])
+        if row is None:
+            row = out[r["seq"]] = {"gid": GID, "k": r["k"], "m": str(n), "topic": r["topic"], "seq": r["seq"],
+                                   "raw": r["raw"], "proc_ms": None}
+        else:
+            assert (row["k"], row["topic"], row["raw"]) == (r["k"], r["topic"], r["raw"])
+            row["m"] += f",{n}"
+        row.update({f"t{n}": r["ts_ms"], f"a{n}": r.get("ts_issue"), f"n{n}": r["num"], f"j{n}": r["jv"]})
+    return list(out.values())
+
+
+def _in_schema(slots: list[Slot]) -> pa.Schema:
+    fields = list(_ROW_FIELDS)
+    for n in range(len(slots)):
+        fields += [(f"t{n}", pa.int64()), (f"a{n}", pa.string()), (f"n{n}", pa.float64()), (f"j{n}", pa.string())]
+    return pa.schema([*fields, ("bucket", pa.int32())])
+
+
+def _worker_groups(rows: list[dict], slots: list[Slot],
+                   max_records: int) -> Iterator[tuple[Any, Iterator[pd.DataFrame]]]:
     """The micro-batch's rows as the Python worker hands them to transformWithStateInPandas:
     one Arrow batch sorted by the grouping key, read by pyspark's serializer into
     per-group DataFrames of at most `max_records` rows."""
-    rows = sorted(rows, key=lambda r: (r["rule_id"], r["bucket"]))
+    schema = _in_schema(slots)
+    rows = sorted(rows, key=lambda r: (r["gid"], r["bucket"]))
     buf = io.BytesIO()
-    with pa.ipc.new_stream(buf, _IN_SCHEMA) as w:
-        w.write_batch(pa.RecordBatch.from_pylist(rows, schema=_IN_SCHEMA))
+    with pa.ipc.new_stream(buf, schema) as w:
+        w.write_batch(pa.RecordBatch.from_pylist(rows, schema=schema))
     buf.seek(0)
     ser = TransformWithStateInPandasSerializer(
         timezone="UTC", safecheck=True, assign_cols_by_name=True, prefer_int_ext_dtype=False,
         arrow_max_records_per_batch=max_records, arrow_max_bytes_per_batch=2**31 - 1,
         int_to_decimal_coercion_enabled=False,
     )
-    ser.key_offsets = [_IN_SCHEMA.names.index("rule_id"), _IN_SCHEMA.names.index("bucket")]
+    ser.key_offsets = [schema.names.index("gid"), schema.names.index("bucket")]
     for mode, key, group in ser.load_stream(buf):
         if mode == TransformWithStateInPandasFuncMode.PROCESS_DATA:
             yield key, (df for _, df in group)
+
+
+def _in_frame(rows: list[dict], slots: list[Slot]) -> pd.DataFrame:
+    """Per-(event, rule) rows as one operator input frame (as pandas has it)."""
+    return pd.DataFrame(_grouped(rows, slots))
 
 
 def _spark_reads(frames: Any) -> list[tuple]:
@@ -288,11 +335,12 @@ CORRELATION = [
 ]
 
 
-def _batches(rule: dict, rnd: random.Random, n_batches: int, keys: list[str]) -> list[tuple[int, list[dict]]]:
-    """(watermark, rows) per micro-batch: bursts, gaps longer than a window (expiry),
-    out-of-order, late rows and rows without a timestamp."""
-    rule_json = json.dumps(parse_rule(rule).model_dump(mode="json"))
-    corr = rule["rule_type"] == "correlation"
+def _batches(rules: list[dict], rnd: random.Random, n_batches: int, keys: list[str]) -> list[tuple[int, list[dict]]]:
+    """(watermark, per-(event, rule) rows) per micro-batch: bursts, gaps longer than a
+    window (expiry), out-of-order, late rows and rows without a timestamp. With several
+    rules, each event enters a random subset of them (same key, time and text)."""
+    rule_json = {r["rule_id"]: json.dumps(parse_rule(r).model_dump(mode="json")) for r in rules}
+    corr = any(r["rule_type"] == "correlation" for r in rules)
     out, now, seq, max_seen = [], BASE, 0, 0
     for _ in range(n_batches):
         now += rnd.choice([300, 700, 1500, 4000, 9000, 20_000])
@@ -302,11 +350,15 @@ def _batches(rule: dict, rnd: random.Random, n_batches: int, keys: list[str]) ->
             ts = now - rnd.choice([0, 0, 0, 200, 900, 3000, 9000])
             seq += 1
             role = "context" if corr and rnd.random() < 0.4 else "primary"
-            num = rnd.choice([1.0, 1.01, 1.05, 1.1]) if corr else rnd.choice([5.0, 20.0, 40.0, 65.0, 70.0, 0.1, 1e16, -1e16])
-            rows.append(dict(rule_id=rule["rule_id"], k=k, role=role, rule_json=rule_json, event_time=True,
-                             ts_ms=None if rnd.random() < 0.03 else ts, seq=seq,
-                             topic="ctx" if role == "context" else "t", raw=json.dumps({"k": k, "seq": seq}),
-                             num=num, jv=json.dumps(f"m{rnd.randrange(4)}")))
+            chosen = rules if len(rules) == 1 else [r for r in rules if rnd.random() < 0.6] or [rnd.choice(rules)]
+            nums = [rnd.choice([1.0, 1.01, 1.05, 1.1]) if r["rule_type"] == "correlation"
+                    else rnd.choice([5.0, 20.0, 40.0, 65.0, 70.0, 0.1, 1e16, -1e16]) for r in chosen]
+            ts_ms = None if rnd.random() < 0.03 else ts
+            for r, num in zip(chosen, nums, strict=True):
+                r_role = role if r["rule_type"] == "correlation" else "primary"
+                rows.append(dict(rule_id=r["rule_id"], k=k, role=r_role, rule_json=rule_json[r["rule_id"]],
+                                 event_time=True, ts_ms=ts_ms, seq=seq, topic="ctx" if role == "context" else "t",
+                                 raw=json.dumps({"k": k, "seq": seq}), num=num, jv=json.dumps(f"m{rnd.randrange(4)}")))
         watermark = max(0, max_seen - 2000)  # the batch's watermark: from earlier batches
         max_seen = max([max_seen, *[r["ts_ms"] for r in rows if r["ts_ms"] is not None]])
         out.append((watermark, rows))
@@ -330,7 +382,8 @@ def _run_reference(batches: list[tuple[int, list[dict]]]) -> list[Counter]:
 
 
 def _run_pandas(batches: list[tuple[int, list[dict]]], buckets: int, max_records: int) -> list[Counter]:
-    proc = DetectionProcessor()
+    slots = _slots_of([r for _, rows in batches for r in rows])
+    proc = DetectionProcessor(slots)
     tester = TwsTester(proc, timeMode="EventTime", eventTimeExtractor=lambda r: 1 << 62)
     results = []
     for watermark, rows in batches:
@@ -338,8 +391,8 @@ def _run_pandas(batches: list[tuple[int, list[dict]]], buckets: int, max_records
         got = []
         if rows:
             # Deterministic bucketing (crc32, not Python's salted hash()): a failure replays.
-            bucketed = [{**r, "bucket": zlib.crc32(r["k"].encode()) % buckets} for r in rows]
-            for key, frames in _worker_groups(bucketed, max_records):
+            bucketed = [{**r, "bucket": zlib.crc32(r["k"].encode()) % buckets} for r in _grouped(rows, slots)]
+            for key, frames in _worker_groups(bucketed, slots, max_records):
                 tester.handle.setGroupingKey(key)
                 got += _spark_reads(proc.handleInputRows(key, frames, tester._getTimerValues()))
         got += _spark_reads(tester._handleExpiredTimers())
@@ -347,39 +400,49 @@ def _run_pandas(batches: list[tuple[int, list[dict]]], buckets: int, max_records
     return results
 
 
-@pytest.mark.parametrize("rule", VELOCITY + CORRELATION, ids=lambda r: r["rule_id"])
+RULE_SETS = [[r] for r in VELOCITY + CORRELATION] + [VELOCITY, VELOCITY + CORRELATION]
+
+
+@pytest.mark.parametrize("rules", RULE_SETS, ids=lambda rs: rs[0]["rule_id"] if len(rs) == 1 else f"{len(rs)}_rules")
 @pytest.mark.parametrize(("buckets", "max_records"), [(1, 10_000), (3, 10_000), (2, 3)])
-def test_bucketed_processor_equals_the_per_key_processor(rule, buckets, max_records):
-    rnd = random.Random(f"{rule['rule_id']}-{buckets}")
+def test_bucketed_processor_equals_the_per_key_processor(rules, buckets, max_records):
+    name = rules[0]["rule_id"] if len(rules) == 1 else "+".join(r["rule_id"] for r in rules)
+    rnd = random.Random(f"{name}-{buckets}")
     keys = [f"u{i}" for i in range(12)]
-    batches = _batches(rule, rnd, 150, keys)
+    batches = _batches(rules, rnd, 150, keys)
     expected = _run_reference(batches)
     got = _run_pandas(batches, buckets, max_records)
     assert got == expected
     assert sum(n for c in expected for k, n in c.items() if k[0] != "dead") > 0
     assert any(k[0] == "dead" and k[7] is None for c in expected for k in c)  # no timestamp
     assert any(k[0] == "dead" and k[7] is not None for c in expected for k in c)  # late
+    if len(rules) > 1:  # every rule of the group fired or dead-lettered something
+        assert {k[1] for c in expected for k in c} == {r["rule_id"] for r in rules}
+        assert sum(len(rows) for _, rows in batches) > len({r["seq"] for _, rows in batches for r in rows})
 
 
 def _bucket_keys(tester: TwsTester, key: tuple) -> dict:
+    """{key: {rule_id: sub-state}} of a bucket."""
     v = tester.peekValueState("bucket", key)
     return pickle.loads(v[1]) if v and v[1] else {}
 
 
 def test_bucket_state_is_forgotten_when_every_key_expired():
     rule = VELOCITY[0]
-    batches = _batches(rule, random.Random(3), 10, ["a", "b"])
-    proc = DetectionProcessor()
+    batches = _batches([rule], random.Random(3), 10, ["a", "b"])
+    slots = _slots_of([r for _, rows in batches for r in rows])
+    proc = DetectionProcessor(slots)
     tester = TwsTester(proc, timeMode="EventTime", eventTimeExtractor=lambda r: 1 << 62)
     for watermark, rows in batches:
         tester._currentWatermarkMs = watermark
         if rows:
-            tester.testInPandas(("v_count", 0), pd.DataFrame(rows))
+            tester.testInPandas((GID, 0), _in_frame(rows, slots))
         tester._handleExpiredTimers()
-    assert _bucket_keys(tester, ("v_count", 0))
+    assert _bucket_keys(tester, (GID, 0))
+    assert {rid for subs in _bucket_keys(tester, (GID, 0)).values() for rid in subs} == {"v_count"}
     tester.setWatermark(BASE + 10**9)
-    assert tester.peekValueState("bucket", ("v_count", 0)) is None
-    assert not list(tester.handle._timers.listTimers(("v_count", 0)))
+    assert tester.peekValueState("bucket", (GID, 0)) is None
+    assert not list(tester.handle._timers.listTimers((GID, 0)))
 
 
 @pytest.mark.parametrize("time_mode", ["processing_time", "event_time"])
@@ -393,16 +456,17 @@ def test_state_goes_back_down_when_short_lived_keys_come_and_go(time_mode):
     if time_mode == "event_time":
         rule["timestamp_field"] = "ts"
     rule_json = json.dumps(parse_rule(rule).model_dump(mode="json"))
-    tester = TwsTester(DetectionProcessor(), timeMode="EventTime", eventTimeExtractor=lambda r: 1 << 62)
-    key = ("v_short", 0)
+    slots = [Slot(None, rule_json, "source", time_mode == "event_time", "t0", "a0", "n0", "j0")]
+    tester = TwsTester(DetectionProcessor(slots), timeMode="EventTime", eventTimeExtractor=lambda r: 1 << 62)
+    key = (GID, 0)
     sizes = []
     for b in range(100):
         now = BASE + b * 10_000
         tester._currentWatermarkMs = max(0, now - 10_000 - 1_000) if time_mode == "event_time" else 0
-        rows = [dict(rule_id="v_short", k=f'"k{b}-{i}"', role="primary", rule_json=rule_json,
+        rows = [dict(rule_id="v_short", k=f'"k{b}-{i}"', role="source", rule_json=rule_json,
                      event_time=time_mode == "event_time", ts_ms=now + i, seq=b * 10_000 + i, topic="t",
                      raw="{}", num=None, jv=None) for i in range(2_000)]
-        tester.testInPandas(key, pd.DataFrame(rows))
+        tester.testInPandas(key, _in_frame(rows, slots))
         tester._handleExpiredTimers()
         v = tester.peekValueState("bucket", key)
         sizes.append((len(_bucket_keys(tester, key)), len(v[1]) if v and v[1] else 0))
@@ -419,16 +483,38 @@ def test_rows_without_a_timestamp_are_dead_letters_and_touch_no_state():
         return dict(rule_id="v_count", k=k, role="primary", rule_json=rule_json, event_time=True, ts_ms=ts,
                     seq=seq, topic="t", raw=f'{{"seq": {seq}}}', num=None, jv=None)
 
-    tester = TwsTester(DetectionProcessor(), timeMode="EventTime", eventTimeExtractor=lambda r: 1 << 62)
-    # As pandas has it: ts_ms float64 with NaN for the nulls, num all NaN, jv all None.
-    got = _spark_reads(tester.testInPandas(("v_count", 0),
-                                           pd.DataFrame([row("a", None, 1), row("b", BASE, 2), row("b", None, 3)])))
+    rows = [row("a", None, 1), row("b", BASE, 2), row("b", None, 3)]
+    slots = _slots_of(rows)
+    tester = TwsTester(DetectionProcessor(slots), timeMode="EventTime", eventTimeExtractor=lambda r: 1 << 62)
+    # As pandas has it: t0 float64 with NaN for the nulls, n0 all NaN, j0 and a0 all None.
+    got = _spark_reads(tester.testInPandas((GID, 0), _in_frame(rows, slots)))
     names = OUTPUT_SCHEMA.names
     dead = sorted((r[names.index("seq")], r[names.index("ts_ms")], r[names.index("reason")])
                   for r in got if r[0] == "dead")
     reason = "missing or unparseable timestamp needed by velocity rule"
     assert dead == [(1, None, reason), (3, None, reason)]
-    assert set(_bucket_keys(tester, ("v_count", 0))) == {"b"}
+    assert set(_bucket_keys(tester, (GID, 0))) == {"b"}
+
+
+def test_a_time_too_far_ahead_is_a_dead_letter_with_its_reason():
+    """A time the plan marked unusable (`a<i>`: too far ahead of the broker time) is
+    no time: that rule's row is a dead letter with the plan's reason, and another rule
+    of the same event (with a usable time in its own column) still counts it."""
+    issue = "event time more than 5000 ms ahead of the record's broker timestamp"
+    rj = json.dumps(parse_rule(VELOCITY[0]).model_dump(mode="json"))
+    rj2 = json.dumps(parse_rule({**VELOCITY[0], "rule_id": "v_count2", "threshold": 1}).model_dump(mode="json"))
+    rows = [dict(rule_id="v_count", k="a", role="source", rule_json=rj, event_time=True, ts_ms=BASE + 10**9,
+                 seq=1, topic="t", raw="{}", num=None, jv=None, ts_issue=issue),
+            dict(rule_id="v_count2", k="a", role="source", rule_json=rj2, event_time=True, ts_ms=BASE,
+                 seq=1, topic="t", raw="{}", num=None, jv=None)]
+    slots = _slots_of(rows)
+    tester = TwsTester(DetectionProcessor(slots), timeMode="EventTime", eventTimeExtractor=lambda r: 1 << 62)
+    got = _spark_reads(tester.testInPandas((GID, 0), _in_frame(rows, slots)))
+    names = OUTPUT_SCHEMA.names
+    assert sorted((r[0], r[1], r[names.index("ts_ms")], r[names.index("reason")]) for r in got) == [
+        ("dead", "v_count", None, issue), ("detection", "v_count2", BASE, None)]
+    assert _bucket_keys(tester, (GID, 0)).keys() == {"a"}
+    assert set(_bucket_keys(tester, (GID, 0))["a"]) == {"v_count2"}
 
 
 def test_an_event_far_in_the_past_does_not_fail_the_batch():
@@ -439,12 +525,13 @@ def test_an_event_far_in_the_past_does_not_fail_the_batch():
     rule_json = json.dumps(parse_rule(rule).model_dump(mode="json"))
     rows = [dict(rule_id="v_count", k="old", role="primary", rule_json=rule_json, event_time=True,
                  ts_ms=-1_000_000_000_000, seq=1, topic="t", raw='{"seq": 1}', num=None, jv=None)]
-    tester = TwsTester(DetectionProcessor(), timeMode="EventTime", eventTimeExtractor=lambda r: 1 << 62)
-    tester.testInPandas(("v_count", 0), pd.DataFrame(rows))
-    assert set(_bucket_keys(tester, ("v_count", 0))) == {"old"}
+    slots = _slots_of(rows)
+    tester = TwsTester(DetectionProcessor(slots), timeMode="EventTime", eventTimeExtractor=lambda r: 1 << 62)
+    tester.testInPandas((GID, 0), _in_frame(rows, slots))
+    assert set(_bucket_keys(tester, (GID, 0))) == {"old"}
     tester._currentWatermarkMs = 5
     tester._handleExpiredTimers()
-    assert _bucket_keys(tester, ("v_count", 0)) == {}
+    assert _bucket_keys(tester, (GID, 0)) == {}
 
 
 def test_a_key_whose_evaluation_fails_is_dead_lettered_and_the_batch_goes_on(monkeypatch):
@@ -468,13 +555,14 @@ def test_a_key_whose_evaluation_fails_is_dead_lettered_and_the_batch_goes_on(mon
         return dict(rule_id="v_count", k=k, role="primary", rule_json=rule_json, event_time=True, ts_ms=BASE + seq,
                     seq=seq, topic="t", raw=f'{{"seq": {seq}}}', num=num, jv=None)
 
-    tester = TwsTester(DetectionProcessor(), timeMode="EventTime", eventTimeExtractor=lambda r: 1 << 62)
-    got = _spark_reads(tester.testInPandas(("v_count", 0), pd.DataFrame([
-        row("good", 1, 1.0), row("bad", 2, 13.0), row("bad", 3, 1.0), row("good", 4, 1.0)])))
+    rows = [row("good", 1, 1.0), row("bad", 2, 13.0), row("bad", 3, 1.0), row("good", 4, 1.0)]
+    slots = _slots_of(rows)
+    tester = TwsTester(DetectionProcessor(slots), timeMode="EventTime", eventTimeExtractor=lambda r: 1 << 62)
+    got = _spark_reads(tester.testInPandas((GID, 0), _in_frame(rows, slots)))
     names = OUTPUT_SCHEMA.names
     dead = sorted((r[names.index("seq")], r[names.index("reason")]) for r in got if r[0] == "dead")
     assert dead == [(2, "rule evaluation failed: ArithmeticError: boom"), (3, "rule evaluation failed: ArithmeticError: boom")]
-    assert set(_bucket_keys(tester, ("v_count", 0))) == {"good"}
+    assert set(_bucket_keys(tester, (GID, 0))) == {"good"}
 
 
 # ------------------------------------------------------------------ velocity_step by definition
