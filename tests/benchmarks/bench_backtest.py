@@ -103,6 +103,21 @@ def make_events(path: Path, ctx_path: Path, n: int, seed: int = 7) -> None:
                 f.write(json.dumps({"currency_pair": p, "rate": round(1.02 + rnd.random() * 0.04, 4), "ts": start + i}) + "\n")
 
 
+def prepare(keep: Path | None, events: int, prefix: str) -> tuple[Path, Path, Path]:
+    """The work folder (`keep`, or a new temp dir) with the rules and, unless already
+    there, the events: (folder, events file, context file). Shared with
+    bench_python_loop.py, so both measure the same files."""
+    work = keep or Path(tempfile.mkdtemp(prefix=prefix))
+    (work / "rules").mkdir(parents=True, exist_ok=True)
+    make_rules(work / "rules")
+    ev, ctx = work / "events.jsonl", work / "context.jsonl"
+    if not ev.exists():
+        t = time.time()
+        make_events(ev, ctx, events)
+        print(f"generated {events} events in {time.time() - t:.1f}s ({ev.stat().st_size / 1e6:.0f} MB)")
+    return work, ev, ctx
+
+
 def jvm_cpu_s(spark) -> float:
     """CPU seconds the local Spark JVM has used: less sensitive than wall time to other
     load on the machine, so two runs can be compared when it is not idle."""
@@ -158,14 +173,7 @@ def main() -> None:
     from spark_jobs.backtest.runner import BacktestConfig, run_backtest
     from spark_jobs.spark import session
 
-    work = args.keep or Path(tempfile.mkdtemp(prefix="bench-backtest-"))
-    (work / "rules").mkdir(parents=True, exist_ok=True)
-    make_rules(work / "rules")
-    ev, ctx = work / "events.jsonl", work / "context.jsonl"
-    if not ev.exists():
-        t = time.time()
-        make_events(ev, ctx, args.events)
-        print(f"generated {args.events} events in {time.time() - t:.1f}s ({ev.stat().st_size / 1e6:.0f} MB)")
+    work, ev, ctx = prepare(args.keep, args.events, "bench-backtest-")
     extra = dict(c.split("=", 1) for c in args.conf)
     spark = session("bench-backtest", master="local[2]", shuffle_partitions=4, extra=extra)
     spark.range(10).count()  # JVM warm-up outside the timed region

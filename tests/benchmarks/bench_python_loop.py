@@ -69,7 +69,6 @@ import os
 import platform
 import re
 import sys
-import tempfile
 import time
 from bisect import bisect_left, bisect_right
 from collections import Counter, defaultdict, deque
@@ -81,7 +80,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_backtest import make_events, make_rules  # noqa: E402
+from bench_backtest import prepare  # noqa: E402
 
 from spark_jobs.engine.conditions import compare_json, rule_value_number  # noqa: E402
 from spark_jobs.rules.loader import load_rules  # noqa: E402
@@ -670,14 +669,7 @@ def main() -> None:
                          "loop makes no cycles, and the collector rescans every kept detection again and again)")
     args = ap.parse_args()
 
-    work = args.keep or Path(tempfile.mkdtemp(prefix="bench-python-loop-"))
-    (work / "rules").mkdir(parents=True, exist_ok=True)
-    make_rules(work / "rules")
-    ev, ctx = work / "events.jsonl", work / "context.jsonl"
-    if not ev.exists():
-        t = time.time()
-        make_events(ev, ctx, args.events)
-        print(f"generated {args.events} events in {time.time() - t:.1f}s ({ev.stat().st_size / 1e6:.0f} MB)")
+    work, ev, ctx = prepare(args.keep, args.events, "bench-python-loop-")
     with ev.open("rb") as fh:
         n_events = sum(1 for _ in fh)
     if n_events != args.events:

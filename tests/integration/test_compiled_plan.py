@@ -76,6 +76,16 @@ def events(draw) -> list[tuple[str, str]]:
     return out
 
 
+def _judged(obj: dict, conds: list[dict]) -> tuple[list[bool], list[bool]]:
+    """Per condition: whether it holds, and whether its value cannot be read (a
+    non-number under an ordering operator with a numeric rule value)."""
+    oks = [compare(get_path(obj, c["field"]), c["operator"], c["value"]) for c in conds]
+    unread = [c["operator"] in (">", "<", ">=", "<=") and parse_number(c["value"]) is not None
+              and get_path(obj, c["field"]) is not None and parse_number(get_path(obj, c["field"])) is None
+              for c in conds]
+    return oks, unread
+
+
 def _reference(rule_list: list[dict], evs: list[tuple[str, str]]) -> tuple[set, set]:
     """(seq, rule_id) pairs that pass, and (seq, rule_id) pairs kept from passing only
     by a value the rule cannot read (a non-number under an ordering operator)."""
@@ -87,14 +97,10 @@ def _reference(rule_list: list[dict], evs: list[tuple[str, str]]) -> tuple[set, 
         for r in rule_list:
             if r["source_topic"] != topic:
                 continue
-            conds = r["conditions"]
-            oks = [compare(get_path(obj, c["field"]), c["operator"], c["value"]) for c in conds]
+            oks, unread = _judged(obj, r["conditions"])
             if all(oks):
                 passed.add((seq, r["rule_id"]))
                 continue
-            unread = [c["operator"] in (">", "<", ">=", "<=") and parse_number(c["value"]) is not None
-                      and get_path(obj, c["field"]) is not None and parse_number(get_path(obj, c["field"])) is None
-                      for c in conds]
             if any(unread) and all(o or u for o, u in zip(oks, unread, strict=True)):
                 skipped.add((seq, r["rule_id"]))
     return passed, skipped
@@ -179,10 +185,7 @@ def _keyed_reference(rule_list: list[dict], evs: list[tuple[str, str]]) -> tuple
             if r["source_topic"] != topic:
                 continue
             conds = r["conditions"]
-            oks = [compare(get_path(obj, c["field"]), c["operator"], c["value"]) for c in conds]
-            unread = [c["operator"] in (">", "<", ">=", "<=") and parse_number(c["value"]) is not None
-                      and get_path(obj, c["field"]) is not None and parse_number(get_path(obj, c["field"])) is None
-                      for c in conds]
+            oks, unread = _judged(obj, conds)
             if not all(oks):
                 if any(unread) and all(o or u for o, u in zip(oks, unread, strict=True)):
                     first = next(c for c, u in zip(conds, unread, strict=True) if u)
