@@ -1,6 +1,6 @@
 """The floor under the live job: the same plumbing with no rules at all.
 
-    python tests/benchmarks/bench_live_floor.py [--rate 20000] [--seconds 30] [--stateful]
+    python tests/benchmarks/bench_live_floor.py [--rate 20000] [--seconds 30] [--stateful | --jvm-rules]
 
 What the detection job cannot avoid on this machine, measured the way bench_detect.py
 measures the job (same producer, same latency from produce to the record on the sink
@@ -11,6 +11,18 @@ grouped by a bucket of its user (one ValueState per bucket, one get and update p
 call, every row emitted as is): the operator the design puts velocity and correlation
 state in, doing no work of its own. Whatever the job does on top costs more; when this
 floor misses a target, no rule evaluation can meet it.
+
+`--jvm-rules`: the floor with the rules' work done by Spark's own JVM operators only,
+as cheaply as this data allows (a lower bound on any engine, not an engine): the 50
+threshold rules of bench_backtest.py as one generated `concat_ws` of their tests,
+exploded, each detection written with the event; the velocity rules as one native
+streaming aggregation (event-time tumbling windows of the smallest rule window per
+user, count/sum/avg/min/max/approx distinct merchants in one state row, watermark 5 s)
+whose updated rows are written each batch beside the events. Every event is written
+once with the threshold rules it passes, and latency is measured on those records,
+in the query that also runs the aggregation. Update output mode; no
+correlation, no dead letters, no routing. Where this misses a target, the target is
+beyond what Spark's own operators and connector do on this machine.
 """
 
 from __future__ import annotations
@@ -56,6 +68,42 @@ def pass_through_processor():  # noqa: ANN201 - pyspark's StatefulProcessor, imp
     return PassThrough()
 
 
+def jvm_rules(events):  # noqa: ANN001, ANN201 - pyspark DataFrames, imported late
+    """The bench's threshold and velocity rules, hand-written in Spark's JVM operators:
+    one stream of (value) rows, threshold detections and velocity window updates."""
+    from bench_backtest import EVENT_TYPES, VELOCITY_AGGS, threshold_rule, velocity_window_s
+    from pyspark.sql import functions as F
+
+    from spark_jobs.engine.values import field
+
+    v = F.col("v")
+    typed = events.select(
+        "raw",
+        field(v, "type").cast("string").alias("type"),
+        field(v, "user_id").cast("string").alias("user_id"),
+        field(v, "merchant").cast("string").alias("merchant"),
+        field(v, "amount").cast("double").alias("amount"),
+        F.timestamp_millis(field(v, "ts").cast("long")).alias("ts"),
+        field(v, "sent_ms").cast("long").alias("sent_ms"),
+    )
+    tests = [F.when((F.col("type") == F.lit(t)) & (F.col("amount") >= F.lit(m)), F.lit(f"th_{i:02d}"))
+             for i, (t, m) in enumerate(threshold_rule(i) for i in range(50))]
+    assert {threshold_rule(i)[0] for i in range(50)} <= set(EVENT_TYPES)
+    # Every event once, with the threshold rules it passes (the latency is measured per
+    # event record, as in the other modes).
+    threshold = typed.select(F.concat(
+        F.lit('{"sent_ms":'), F.col("sent_ms").cast("string"), F.lit(',"rules":"'), F.concat_ws(",", *tests),
+        F.lit('","event":'), "raw", F.lit("}")).alias("value"))
+    window = f"{min(velocity_window_s(i) for i in range(len(VELOCITY_AGGS)))} seconds"
+    velocity = typed.filter(F.col("type") != F.lit("view")).withWatermark("ts", "5 seconds") \
+        .groupBy("user_id", F.window("ts", window)).agg(
+            F.count(F.lit(1)).alias("n"), F.sum("amount").alias("s"), F.avg("amount").alias("a"),
+            F.min("amount").alias("lo"), F.max("amount").alias("hi"),
+            F.approx_count_distinct("merchant").alias("d"), F.max("sent_ms").alias("newest_sent_ms")) \
+        .select(F.to_json(F.struct("user_id", "n", "s", "a", "lo", "hi", "d", "newest_sent_ms")).alias("value"))
+    return threshold.unionByName(velocity)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rate", type=int, default=20_000)
@@ -64,6 +112,8 @@ def main() -> None:
     ap.add_argument("--trigger-ms", type=int, default=500)
     ap.add_argument("--stateful", action="store_true", help="pass every event through transformWithStateInPandas")
     ap.add_argument("--buckets", type=int, default=32, help="groups of the stateful operator (the job's default)")
+    ap.add_argument("--jvm-rules", action="store_true",
+                    help="the bench's threshold and velocity rules as Spark's own JVM operators (module docstring)")
     args = ap.parse_args()
     from pyspark.sql import functions as F
 
@@ -87,8 +137,12 @@ def main() -> None:
             ).transformWithStateInPandas(
                 pass_through_processor(), StructType([StructField("value", StringType())]), "Append", "None"
             )
+        mode = "append"
+        if args.jvm_rules:
+            out, mode = jvm_rules(events), "update"
         query = (
             write_stream(out.select(F.lit("events.processed").alias("topic"), "value"), broker.bootstrap)
+            .outputMode(mode)
             .option("checkpointLocation", str(work / "ckpt"))
             .trigger(processingTime=f"{args.trigger_ms} milliseconds")
             .start()
@@ -115,7 +169,9 @@ def main() -> None:
         query.stop()
         spark.stop()
     print(f"machine: {platform.machine()} {os.cpu_count()} cores, python {platform.python_version()}, Spark local[2], "
-          f"trigger {args.trigger_ms} ms, {'with' if args.stateful else 'without'} a stateful operator")
+          f"trigger {args.trigger_ms} ms, "
+          + ("the rules as Spark's own JVM operators" if args.jvm_rules
+             else f"{'with' if args.stateful else 'without'} a stateful operator"))
     print(f"produced {total} events in {produced_s:.1f}s (target {args.rate}/s); all on the sink after {done_s:.1f}s")
     print_rate_and_latency(total, done_s, lat, "record")
 
