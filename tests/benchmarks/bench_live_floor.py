@@ -112,6 +112,7 @@ def main() -> None:
     ap.add_argument("--trigger-ms", type=int, default=500)
     ap.add_argument("--stateful", action="store_true", help="pass every event through transformWithStateInPandas")
     ap.add_argument("--buckets", type=int, default=32, help="groups of the stateful operator (the job's default)")
+    ap.add_argument("--conf", action="append", default=[], help="extra Spark setting KEY=VALUE (repeatable)")
     ap.add_argument("--jvm-rules", action="store_true",
                     help="the bench's threshold and velocity rules as Spark's own JVM operators (module docstring)")
     args = ap.parse_args()
@@ -125,7 +126,9 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="bench-floor-"))
     with EmbeddedBroker(port=free_port()) as broker:
-        spark = session("live-floor", extra={"spark.sql.streaming.stateStore.providerClass": STATE_STORE})
+        extra = {"spark.sql.streaming.stateStore.providerClass": STATE_STORE,
+                 **dict(c.split("=", 1) for c in args.conf)}
+        spark = session("live-floor", extra=extra)
         raw = read_stream(spark, broker.bootstrap, ["events.raw"], max_offsets_per_trigger=100_000, min_partitions=4)
         events = classify(raw.select(F.col("value").cast("string").alias("raw")))
         out = events.select(F.col("raw").alias("value"), F.to_json(field(F.col("v"), "user_id")).alias("k"))
