@@ -457,12 +457,18 @@ class Chromium:
     def wait_for(self, expression: str, timeout: float = 30) -> object:
         deadline = time.monotonic() + timeout
         value = None
+        error: RuntimeError | None = None
         while time.monotonic() < deadline:
-            value = self.evaluate(expression)
+            try:
+                value = self.evaluate(expression)
+            except RuntimeError as exc:
+                # While a page loads `document.body` can be null: the expression throws
+                # (a CI run failed so). Not yet, then; the last error is reported below.
+                error, value = exc, None
             if value:
                 return value
             time.sleep(0.5)
-        raise TimeoutError(f"timed out waiting for: {expression} (last value {value!r})")
+        raise TimeoutError(f"timed out waiting for: {expression} (last value {value!r}, last error {error})")
 
     def screenshot(self, path: Path, full_page: bool = True) -> bytes:
         params: dict = {"format": "png"}
