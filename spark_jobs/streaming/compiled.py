@@ -143,12 +143,12 @@ class _Checks:
         return F.coalesce(*whens) if whens else None
 
 
-def fan_out(events: DataFrame, rows: Sequence[RuleRow], keep_malformed: bool = False,
-            max_ahead_ms: int = 5_000) -> DataFrame:
-    """One row per (event, rule row whose conditions it passes), with the rule's key,
-    event time and value read from the event; and per (event, rule row) a row with
-    `_skip` set when only a value the rule cannot read (a non-number compared with an
-    ordering operator) kept it from passing, to be counted and dropped.
+def fan_out(events: DataFrame, rows: Sequence[RuleRow], keep_malformed: bool = False) -> DataFrame:
+    """One row per (event, rule row whose conditions it passes), with the rule's
+    identity; and per (event, rule row) a row with `_skip` set when only a value the
+    rule cannot read (a non-number compared with an ordering operator) kept it from
+    passing, to be counted and dropped. The threshold branch of the live job: keyed
+    rules reach their operator one row per (event, key group) instead (`key_rows`).
 
     `keep_malformed`: each record that is not an event comes through once, with no
     rule (rule columns NULL, `_reason` set), to be a dead letter: one scan serves both.
@@ -225,34 +225,15 @@ def fan_out(events: DataFrame, rows: Sequence[RuleRow], keep_malformed: bool = F
 
     unread_path = checks.unread_path
 
-    def time_of(r: RuleRow) -> Column:
-        return F.col("proc_ms") if r.ts_path is None else fields.time(r.ts_path)
-
-    ts = _by_rule(i, rows, time_of)
-    event_time = _pick(i, [r.event_time for r in rows], "boolean")
-    too_far = event_time & ts.isNotNull() & F.col("proc_ms").isNotNull() & (ts > F.col("proc_ms") + F.lit(max_ahead_ms))
     skip = F.when(F.col("_skipped"), F.concat(F.lit("value at "), _by_rule(i, rows, unread_path),
                                               F.lit(" is not a number")))
-    key = _by_rule(i, rows, lambda r: F.lit("") if r.key_path is None else fields.value(r.key_path).json)
     return picked.select(
         _pick(i, [r.rule_id for r in rows], "string").alias("rule_id"),
         _pick(i, [r.rule_version for r in rows], "string").alias("rule_version"),
         _pick(i, [r.rule_type for r in rows], "string").alias("rule_type"),
         _pick(i, [r.rule_name for r in rows], "string").alias("rule_name"),
-        _pick(i, [r.role for r in rows], "string").alias("role"),
-        _pick(i, [r.rule_ref for r in rows], "string").alias("rule_ref"),
-        event_time.alias("event_time"),
-        _pick(i, [r.val_need for r in rows], "string").alias("val_need"),
-        _pick(i, [r.key_path for r in rows], "string").alias("key_path"),
-        _pick(i, [r.val_path for r in rows], "string").alias("val_path"),
         "topic", "seq", "raw", "proc_ms", "_reason",
         skip.alias("_skip"),
-        key.cast("string").alias("k"),
-        F.when(too_far, F.lit(None)).otherwise(ts).cast("long").alias("ts_ms"),
-        F.when(too_far, F.lit(f"event time more than {max_ahead_ms} ms ahead of the record's broker timestamp"))
-        .alias("ts_issue"),
-        _by_rule(i, rows, lambda r: fields.value(r.val_path).num if r.val_path else None).cast("double").alias("num"),
-        _by_rule(i, rows, lambda r: fields.value(r.val_path).json if r.val_path else None).cast("string").alias("jv"),
     )
 
 
