@@ -1,7 +1,7 @@
 """The floor under the backtest: the whole of bench_backtest.py's run, written by hand
 as the cheapest Spark plan for exactly its rule set and data, on this machine.
 
-    python tests/benchmarks/bench_backtest_floor.py [--events 1000000] [--keep DIR]
+    python tests/benchmarks/bench_backtest_floor.py [--events 1000000] [--keep DIR] [--table]
 
 Same events and rules as bench_backtest.py (1M JSON lines; 50 threshold, 10 velocity,
 2 correlation rules), same local[2] session. No rule engine: every rule is spelled out
@@ -22,6 +22,11 @@ taken, so the time is a lower bound for any engine that evaluates these rules on
             mean/std as prefix windows, no pending primaries or dead letters;
           - every detection rendered as the sink line (event text, rule members, sha2
             id), all sorted by time into one JSON Lines file.
+
+`--table`: "parse" is reading the records from a Delta table shaped like the event
+archive (bench_backtest.py --table writes it, untimed, into the same --keep folder) and
+taking the fields from its already-parsed VARIANT with typed `variant_get`: the floor
+under `rulectl backtest --history`.
 
 Each part is timed warm: best of --reps runs, JIT compiled. `--parts` also times the
 rule kinds alone (to the noop sink, without output), to show where the time goes.
@@ -45,6 +50,7 @@ from bench_backtest import (  # noqa: E402
     GLOBAL_VELOCITY,
     VELOCITY_AGGS,
     VELOCITY_THRESHOLDS,
+    archive_table,
     make_events,
     threshold_rule,
     velocity_window_s,
@@ -71,6 +77,7 @@ def main() -> None:  # noqa: PLR0915 - one plan, written out in full on purpose
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--conf", action="append", default=[], help="extra Spark setting KEY=VALUE (repeatable)")
     ap.add_argument("--parts", action="store_true", help="also time threshold/velocity/correlation alone")
+    ap.add_argument("--table", action="store_true", help="read the records from a Delta archive table")
     args = ap.parse_args()
     from pyspark.sql import Column, DataFrame, Window
     from pyspark.sql import functions as F
@@ -96,7 +103,17 @@ def main() -> None:  # noqa: PLR0915 - one plan, written out in full on purpose
             "topic", "raw", "j.*"
         )
 
-    both = parsed(ev, "events.raw").unionByName(parsed(ctx, "context.raw"))
+    def from_table() -> DataFrame:
+        """The archive's window, each field the rules read taken from the VARIANT, typed."""
+        from spark_jobs.archive.table import read_window
+
+        history = archive_table(spark, work, ev, ctx)
+        window = read_window(spark, history.table, history.start, history.end, ["events.raw", "context.raw"])
+        typed = [F.expr(f"variant_get(v, '$.{name}', '{kind}')").alias(name)
+                 for name, kind in (f.split(" ") for f in SCHEMA.split(", "))]
+        return window.select("topic", F.col("value").cast("string").alias("raw"), *typed)
+
+    both = from_table() if args.table else parsed(ev, "events.raw").unionByName(parsed(ctx, "context.raw"))
     parse_s = best(args.reps, noop(both))
     cached = both.persist()
     cached.count()
@@ -193,7 +210,8 @@ def main() -> None:  # noqa: PLR0915 - one plan, written out in full on purpose
     n_det = spark.read.text(out).count()
     total = parse_s + rules_s
     print(f"machine: {platform.machine()} {os.cpu_count()} cores, python {platform.python_version()}, local[2]")
-    print(f"parse (from_json, typed) of {args.events} events: {parse_s:.2f}s")
+    what = "read from the Delta table, variant_get, typed" if args.table else "parse (from_json, typed)"
+    print(f"{what} of {args.events} events: {parse_s:.2f}s")
     if args.parts:
         parts = (("threshold", threshold), ("velocity", velocity), ("  of which per user", per_user),
                  ("correlation", correlation))
