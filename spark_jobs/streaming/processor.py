@@ -69,6 +69,7 @@ from pyspark.sql.types import (
     StringType,
     StructField,
     StructType,
+    TimestampType,
 )
 
 from spark_jobs.engine.conditions import compare_json
@@ -119,6 +120,20 @@ OUTPUT_SCHEMA = StructType([
     StructField("ctx_record", StringType()),
     StructField("reason", StringType()),
 ])
+
+# Velocity emits bound for correlation rules (`emit_to_sink: false`) never leave the job
+# (DESIGN.md): when some correlation rule takes its primaries from a velocity rule, the
+# job chains a second operator behind this one (job.py `build`). The first then adds
+# `et`, the event time Spark's chaining of stateful operators needs on every output row
+# (eventTimeColumnName; it must be later than the operator's watermark, so it is the
+# row's event time or the watermark + 1 ms, whichever is later: `et` is only for the
+# watermark, the row's own time stays in ts_ms).
+CHAINED_SCHEMA = StructType([*OUTPUT_SCHEMA.fields, StructField("et", TimestampType())])
+# The second operator's group of rows that only pass through it: the first operator's
+# detections and dead letters, which must reach the sink through the one chain (a
+# stateful operator whose output feeds two branches of a plan runs twice, each copy
+# with its own state: measured, see job.py `build`).
+PASS_GID = "\u0000pass"
 
 _RULES: dict[tuple[str, str], tuple[AnyRule, str]] = {}
 _BY_REF: dict[str, tuple[AnyRule, str]] = {}
@@ -228,6 +243,8 @@ def _to_row(r: tuple) -> Row:
 
 _ARROW = {StringType(): pa.string(), LongType(): pa.int64(), DoubleType(): pa.float64(), BooleanType(): pa.bool_()}
 _OUT_TYPES = [_ARROW[f.dataType] for f in OUTPUT_SCHEMA.fields]
+_ET_TYPE = pa.timestamp("us", tz="UTC")
+OUTPUT_COLUMNS = [f.name for f in OUTPUT_SCHEMA.fields]
 
 
 def _out(kind: str, rule: AnyRule, row: Row, emit: Emit | None = None, reason: str | None = None) -> tuple:
@@ -246,7 +263,7 @@ def _out(kind: str, rule: AnyRule, row: Row, emit: Emit | None = None, reason: s
     )
 
 
-def _frame(rows: list[tuple]) -> pd.DataFrame:
+def _frame(rows: list[tuple], types: list[pa.DataType] = _OUT_TYPES) -> pd.DataFrame:
     """Output rows as one DataFrame, columns in OUTPUT_SCHEMA's order.
 
     pyspark turns each returned DataFrame into Arrow column by column, a fixed cost
@@ -258,7 +275,7 @@ def _frame(rows: list[tuple]) -> pd.DataFrame:
     """
     return pd.DataFrame(
         {i: pd.array(pa.array(col, type=t), dtype=pd.ArrowDtype(t))
-         for i, (col, t) in enumerate(zip(zip(*rows, strict=True), _OUT_TYPES, strict=True))},
+         for i, (col, t) in enumerate(zip(zip(*rows, strict=True), types, strict=True))},
         copy=False,
     )
 
@@ -385,9 +402,14 @@ class DetectionProcessor(StatefulProcessor):
     whole as its `rule_json`.
     """
 
-    def __init__(self, slots: Sequence[Slot], defs_dir: str | None = None) -> None:
+    def __init__(self, slots: Sequence[Slot], defs_dir: str | None = None, chained: bool = False,
+                 passes: bool = False) -> None:
+        """`chained`: output CHAINED_SCHEMA (a second operator follows); `passes`: the
+        group PASS_GID's rows are the first operator's output, passed on unchanged."""
         self.slots = list(slots)
         self.defs_dir = defs_dir
+        self.chained = chained
+        self.passes = passes
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
@@ -463,6 +485,13 @@ class DetectionProcessor(StatefulProcessor):
 
     # -- the API -------------------------------------------------------------------------
     def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any) -> Iterator[pd.DataFrame]:
+        if self.passes and key[0] == PASS_GID:
+            for pdf in rows:  # column batches in, the same out: no row is touched in Python
+                if len(pdf):
+                    out = pdf[OUTPUT_COLUMNS]
+                    out.columns = range(len(OUTPUT_COLUMNS))
+                    yield out
+            return
         by_rule = self._rows_by_rule(rows)
         if not by_rule:
             return
@@ -510,7 +539,10 @@ class DetectionProcessor(StatefulProcessor):
             changed = True
         if changed:
             self._store(timer, keys)
-        if out:
+        if out and self.chained:
+            floor = watermark + 1
+            yield _frame([(*o, 1000 * max(o[7] or 0, floor)) for o in out], [*_OUT_TYPES, _ET_TYPE])
+        elif out:
             yield _frame(out)
 
     def _key(self, rule: AnyRule, sig: str, k: str, rows: list[tuple], watermark: int, out: list[tuple],
