@@ -47,6 +47,10 @@ with none) are removed and the timer re-set for the next.
 Rows older than the job watermark are not dropped silently: they come out as dead
 letters ("late"). That is why the watermark is read here from the timer values instead
 of being enforced by Spark on the operator's input.
+
+The same operator exists in the JVM (jvm_operator.py, spark_jobs/jvm/processor: the job's
+`keyed_operator` setting picks one): a change of semantics here or in keyed_logic.py must
+be made there too; tests/integration/test_jvm_keyed_operator.py holds the two equal.
 """
 
 from __future__ import annotations
