@@ -35,6 +35,11 @@ import scala.jdk.javaapi.CollectionConverters;
  * ValueState with the bucket's event-time timer. Expiry is per sub-state (its newest
  * event a full window plus the rule's lateness behind), applied when the bucket's one
  * timer fires at (or before) the earliest expiry.
+ *
+ * Known differences (they need values near the double range or signed zeros): CPython's fsum also raises
+ * OverflowError when only an intermediate partial sum overflows (here only a final sum
+ * beyond the double range does); min/max of a window holding both 0.0 and -0.0 may give
+ * the other zero; a failure message is cut at 300 UTF-16 units, not code points.
  */
 public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
     private static final long serialVersionUID = 1L;
