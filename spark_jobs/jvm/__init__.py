@@ -18,8 +18,13 @@ from pathlib import Path
 
 JARS_ENV = "RULES_JARS_DIR"
 _HERE = Path(__file__).resolve().parent
-_POMS = (_HERE / "pom.xml", _HERE / "broker" / "pom.xml", _HERE / "spark" / "pom.xml")
+_POMS = (_HERE / "pom.xml", _HERE / "broker" / "pom.xml", _HERE / "spark" / "pom.xml",
+         _HERE / "processor" / "pom.xml")
 MODULES = ("broker", "spark")
+# The live job's JVM keyed operator (module `processor`), built from the Java sources
+# beside this file into the `spark` folder, so spark_jars() hands it to Spark.
+OPERATOR_SOURCES = _HERE / "processor" / "src" / "main" / "java"
+OPERATOR_JAR = "rule-platform-keyed-operator.jar"
 
 
 class JarsError(RuntimeError):
@@ -39,9 +44,13 @@ def jars_dir() -> Path:
 
 
 def _digest() -> str:
+    """The descriptors' and the operator's Java sources' hash: an edited source rebuilds."""
     h = hashlib.sha256()
     for pom in _POMS:
         h.update(pom.read_bytes())
+    for src in sorted(OPERATOR_SOURCES.rglob("*.java")):
+        h.update(str(src.relative_to(OPERATOR_SOURCES)).encode() + b"\0")
+        h.update(src.read_bytes())
     return h.hexdigest()
 
 
@@ -49,7 +58,7 @@ def _ready(root: Path, digest: str) -> bool:
     stamp = root / ".stamp"
     return stamp.is_file() and stamp.read_text().strip() == digest and all(
         any((root / m).glob("*.jar")) for m in MODULES
-    )
+    ) and (root / "spark" / OPERATOR_JAR).is_file()
 
 
 def ensure_jars(root: Path | None = None) -> Path:
@@ -66,7 +75,7 @@ def ensure_jars(root: Path | None = None) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if _ready(root, digest):
             return root
-        for module in MODULES:
+        for module in (*MODULES, ".build"):
             shutil.rmtree(root / module, ignore_errors=True)
         cmd = [mvn, "-q", "-B", "-f", str(_HERE / "pom.xml"), "package", f"-Djars.dir={root}"]
         done = subprocess.run(cmd, capture_output=True, text=True)
@@ -84,7 +93,8 @@ def module_jars(module: str, root: Path | None = None) -> list[Path]:
 
 
 def spark_jars() -> str:
-    """`spark.jars`: Spark's Kafka connector and what it needs, as local paths."""
+    """`spark.jars`: Spark's Kafka connector and what it needs, Delta Lake and the JVM
+    keyed operator, as local paths."""
     return ",".join(str(p) for p in module_jars("spark"))
 
 

@@ -10,9 +10,11 @@ Plan of one micro-batch:
        it passes)
     -> threshold: detections at once
     -> velocity, correlation: one row per (event, key group: the rules on one key
-       expression), transformWithStateInPandas keyed by (key group, bucket of the key);
-       the bucket's keys and their rules' sub-states in one state value, read and
-       written once per batch (processor.py)
+       expression) through the keyed operator, keyed by (key group, bucket of the key):
+       the JVM's transformWithState (jvm_operator.py, `keyed_operator` "jvm") or
+       transformWithStateInPandas with the bucket's keys and their rules' sub-states
+       in one state value, read and written once per batch (processor.py, "python");
+       the two write the same rows
     -> velocity emits for correlation rules (`emit_to_sink: false`): a second stateful
        operator chained behind the first, in the same micro-batch (`_chain`)
     -> detections / dead letters, one Kafka write with a per-row topic (sink,
@@ -34,10 +36,11 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Literal
 
 from confluent_kafka import Producer
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -53,8 +56,8 @@ from spark_jobs.kafka.client_config import with_bootstrap
 from spark_jobs.kafka.spark_io import read_stream, write_stream
 from spark_jobs.rules.model import job_watermark_delay_s
 from spark_jobs.streaming.compiled import SKIP_SEP, RuleRow, fan_out, key_rows, read_snapshot, rows_of
+from spark_jobs.streaming.jvm_operator import keyed_operator as jvm_keyed_operator
 from spark_jobs.streaming.processor import (
-    CHAINED_SCHEMA,
     OUTPUT_COLUMNS,
     OUTPUT_SCHEMA,
     PASS_GID,
@@ -94,6 +97,10 @@ class DetectConfig:
     # Keys of a key group are spread over this many buckets (one Python call per bucket and
     # micro-batch); fixed for a checkpoint (recorded in it), 0: the default.
     key_buckets: int = 0
+    # The keyed operator (velocity, correlation): "jvm" (Java transformWithState) or
+    # "python" (transformWithStateInPandas); the same output, different state layouts,
+    # so fixed for a checkpoint (recorded in it); None: $DETECT_KEYED_OPERATOR, else the default.
+    keyed_operator: Literal["jvm", "python"] | None = None
 
     @property
     def state_dir(self) -> Path:
@@ -127,6 +134,33 @@ def key_buckets(cfg: DetectConfig) -> int:
     tmp.write_text(str(n))
     tmp.replace(path)
     return n
+
+
+KeyedOperator = Literal["jvm", "python"]
+KEYED_OPERATORS: tuple[KeyedOperator, ...] = ("jvm", "python")
+DEFAULT_KEYED_OPERATOR: KeyedOperator = "jvm"
+KEYED_OPERATOR_ENV = "DETECT_KEYED_OPERATOR"
+
+
+def keyed_operator(cfg: DetectConfig) -> KeyedOperator:
+    """The keyed operator of this checkpoint: the one recorded at the first start wins
+    over a later setting (the other's state layout cannot resume it). A checkpoint from
+    before the choice existed (a query ran on it, no record) is the Python one's."""
+    path = cfg.checkpoint / "keyed_operator"
+    if path.exists():
+        chosen = path.read_text().strip()
+    elif (cfg.checkpoint / "query").exists():
+        chosen = "python"
+    else:
+        chosen = cfg.keyed_operator or os.environ.get(KEYED_OPERATOR_ENV) or DEFAULT_KEYED_OPERATOR
+    if chosen not in KEYED_OPERATORS:
+        raise ValueError(f"keyed operator must be one of {KEYED_OPERATORS}, not {chosen!r}")
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(chosen)
+        tmp.replace(path)
+    return chosen  # type: ignore[return-value]
 
 
 def _cores(spark: SparkSession) -> int:
@@ -273,9 +307,11 @@ def keyed_rows(raw: DataFrame, rules: Sequence[RuleRow], max_ahead_ms: int) -> t
 
 def build(spark: SparkSession, cfg: DetectConfig, watermark_delay_s: float, topics: list[str],
           rules: Sequence[RuleRow], buckets: int = DEFAULT_KEY_BUCKETS, min_partitions: int = 0,
-          quarantined: list[OffsetRange] | None = None) -> DataFrame:
+          quarantined: list[OffsetRange] | None = None, operator: KeyedOperator = DEFAULT_KEYED_OPERATOR,
+          ) -> DataFrame:
     """The whole job as one streaming DataFrame of (topic, key, value) Kafka records,
-    with `rules` (the rule set in force) compiled into it (compiled.py).
+    with `rules` (the rule set in force) compiled into it (compiled.py), velocity and
+    correlation through the keyed `operator` ("jvm" or "python": the same rows).
 
     Records in `quarantined` offset ranges are dead letters, never evaluated (quarantine.py).
     """
@@ -305,7 +341,8 @@ def build(spark: SparkSession, cfg: DetectConfig, watermark_delay_s: float, topi
     max_ahead_ms = max(1_000, delay_ms)
     defs = str(cfg.state_dir / RULE_DEFS)
 
-    def operator_input(events: DataFrame, rows: list[RuleRow], metric: str, watermark: bool) -> tuple[DataFrame, list[Slot]]:
+    def operator_input(events: DataFrame, rows: list[RuleRow], metric: str,
+                       watermark: bool) -> tuple[DataFrame, list[Slot]]:
         keyed, slots = key_rows(events, rows, max_ahead_ms=max_ahead_ms, skipped_metric=metric)
         if watermark:
             # The job watermark: bounded out-of-orderness over the event times of the
@@ -319,12 +356,13 @@ def build(spark: SparkSession, cfg: DetectConfig, watermark_delay_s: float, topi
         ), slots
 
     stateful_in, slots = operator_input(raw, first, "skipped_keyed", watermark=True)
-    chained = bool(second)
-    out = stateful_in.groupBy("gid", "bucket").transformWithStateInPandas(
-        DetectionProcessor(slots, defs, chained=chained), CHAINED_SCHEMA if chained else OUTPUT_SCHEMA, "Append",
-        "EventTime", eventTimeColumnName="et" if chained else "",
-    )
-    if chained:
+    if operator == "jvm":
+        out = jvm_keyed_operator(stateful_in, slots, defs)
+    else:
+        out = stateful_in.groupBy("gid", "bucket").transformWithStateInPandas(
+            DetectionProcessor(slots, defs), OUTPUT_SCHEMA, "Append", "EventTime"
+        )
+    if second:
         out = _chain(out, raw, second, buckets, defs, operator_input)
     else:
         # Emits of a velocity rule with `emit_to_sink: false` that no correlation rule in
@@ -342,11 +380,18 @@ def build(spark: SparkSession, cfg: DetectConfig, watermark_delay_s: float, topi
     return threshold_records.unionByName(_records(out, F.col("kind"), members, cfg))
 
 
-def _chain(first: DataFrame, raw: DataFrame, rows: list[RuleRow], buckets: int, defs: str, operator_input) -> DataFrame:
+def _chain(first: DataFrame, raw: DataFrame, rows: list[RuleRow], buckets: int, defs: str,
+           operator_input: Callable[..., tuple[DataFrame, list[Slot]]]) -> DataFrame:
     """The second operator: the correlation rules fed by velocity rules, on the first
     operator's routed emits of this micro-batch and their context records from the
     source; the first operator's other output (detections, dead letters) passes through
-    it unchanged, in groups of its own (PASS_GID).
+    it unchanged, in groups of its own (PASS_GID). It is the Python operator whatever
+    `keyed_operator` says (the pass-through hands pandas column batches back as they
+    came), and it exists only while a rule set has such correlation rules.
+
+    No event-time column links the two (eventTimeColumnName): the second operator runs
+    on the query's watermark (its context branch declares one), and Spark chains the
+    two without it.
 
     Why everything goes through the second operator: Spark plans a DataFrame that feeds
     two branches of a streaming query once per branch, and a stateful operator planned
@@ -541,7 +586,7 @@ def _start_query(spark: SparkSession, cfg: DetectConfig, delay: float, topics: l
     text = read_snapshot(cfg.state_dir / "rules.json")
     rows = rows_of(json.loads(text), ROUTED_TOPIC, cfg.state_dir / RULE_DEFS)
     plan = build(spark, cfg, delay, topics, rows, key_buckets(cfg), min_partitions=2 * _cores(spark),
-                 quarantined=quarantine.active_ranges())
+                 quarantined=quarantine.active_ranges(), operator=keyed_operator(cfg))
     query = (
         write_stream(plan, cfg.bootstrap, role=ROLE)
         .option("checkpointLocation", str(cfg.checkpoint / "query"))

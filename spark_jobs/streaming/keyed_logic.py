@@ -12,6 +12,9 @@ Live semantics (DESIGN.md "Order"): each event is judged on arrival against what
 key has seen; within one micro-batch, rows are taken in (event time, arrival) order,
 which for input that arrives in event-time order per key is exactly the backtest's
 order, hence the same detections.
+
+The JVM keyed operator (spark_jobs/jvm/processor, Velocity.java and Correlation.java)
+ports these functions; they must change together (test_jvm_keyed_operator.py).
 """
 
 from __future__ import annotations

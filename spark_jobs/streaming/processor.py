@@ -47,6 +47,10 @@ with none) are removed and the timer re-set for the next.
 Rows older than the job watermark are not dropped silently: they come out as dead
 letters ("late"). That is why the watermark is read here from the timer values instead
 of being enforced by Spark on the operator's input.
+
+The same operator exists in the JVM (jvm_operator.py, spark_jobs/jvm/processor: the job's
+`keyed_operator` setting picks one): a change of semantics here or in keyed_logic.py must
+be made there too; tests/integration/test_jvm_keyed_operator.py holds the two equal.
 """
 
 from __future__ import annotations
@@ -69,7 +73,6 @@ from pyspark.sql.types import (
     StringType,
     StructField,
     StructType,
-    TimestampType,
 )
 
 from spark_jobs.engine.conditions import compare_json
@@ -121,18 +124,10 @@ OUTPUT_SCHEMA = StructType([
     StructField("reason", StringType()),
 ])
 
-# Velocity emits bound for correlation rules (`emit_to_sink: false`) never leave the job
-# (DESIGN.md): when some correlation rule takes its primaries from a velocity rule, the
-# job chains a second operator behind this one (job.py `build`). The first then adds
-# `et`, the event time Spark's chaining of stateful operators needs on every output row
-# (eventTimeColumnName; it must be later than the operator's watermark, so it is the
-# row's event time or the watermark + 1 ms, whichever is later: `et` is only for the
-# watermark, the row's own time stays in ts_ms).
-CHAINED_SCHEMA = StructType([*OUTPUT_SCHEMA.fields, StructField("et", TimestampType())])
 # The second operator's group of rows that only pass through it: the first operator's
 # detections and dead letters, which must reach the sink through the one chain (a
 # stateful operator whose output feeds two branches of a plan runs twice, each copy
-# with its own state: measured, see job.py `build`).
+# with its own state: measured, see job.py `_chain`).
 PASS_GID = "\u0000pass"
 
 _RULES: dict[tuple[str, str], tuple[AnyRule, str]] = {}
@@ -243,7 +238,6 @@ def _to_row(r: tuple) -> Row:
 
 _ARROW = {StringType(): pa.string(), LongType(): pa.int64(), DoubleType(): pa.float64(), BooleanType(): pa.bool_()}
 _OUT_TYPES = [_ARROW[f.dataType] for f in OUTPUT_SCHEMA.fields]
-_ET_TYPE = pa.timestamp("us", tz="UTC")
 OUTPUT_COLUMNS = [f.name for f in OUTPUT_SCHEMA.fields]
 
 
@@ -263,7 +257,7 @@ def _out(kind: str, rule: AnyRule, row: Row, emit: Emit | None = None, reason: s
     )
 
 
-def _frame(rows: list[tuple], types: list[pa.DataType] = _OUT_TYPES) -> pd.DataFrame:
+def _frame(rows: list[tuple]) -> pd.DataFrame:
     """Output rows as one DataFrame, columns in OUTPUT_SCHEMA's order.
 
     pyspark turns each returned DataFrame into Arrow column by column, a fixed cost
@@ -275,7 +269,7 @@ def _frame(rows: list[tuple], types: list[pa.DataType] = _OUT_TYPES) -> pd.DataF
     """
     return pd.DataFrame(
         {i: pd.array(pa.array(col, type=t), dtype=pd.ArrowDtype(t))
-         for i, (col, t) in enumerate(zip(zip(*rows, strict=True), types, strict=True))},
+         for i, (col, t) in enumerate(zip(zip(*rows, strict=True), _OUT_TYPES, strict=True))},
         copy=False,
     )
 
@@ -402,13 +396,11 @@ class DetectionProcessor(StatefulProcessor):
     whole as its `rule_json`.
     """
 
-    def __init__(self, slots: Sequence[Slot], defs_dir: str | None = None, chained: bool = False,
-                 passes: bool = False) -> None:
-        """`chained`: output CHAINED_SCHEMA (a second operator follows); `passes`: the
-        group PASS_GID's rows are the first operator's output, passed on unchanged."""
+    def __init__(self, slots: Sequence[Slot], defs_dir: str | None = None, passes: bool = False) -> None:
+        """`passes`: this is the second operator of a chain (job.py `_chain`), and the
+        rows of group PASS_GID are the first operator's output, passed on unchanged."""
         self.slots = list(slots)
         self.defs_dir = defs_dir
-        self.chained = chained
         self.passes = passes
 
     def init(self, handle: StatefulProcessorHandle) -> None:
@@ -539,10 +531,7 @@ class DetectionProcessor(StatefulProcessor):
             changed = True
         if changed:
             self._store(timer, keys)
-        if out and self.chained:
-            floor = watermark + 1
-            yield _frame([(*o, 1000 * max(o[7] or 0, floor)) for o in out], [*_OUT_TYPES, _ET_TYPE])
-        elif out:
+        if out:
             yield _frame(out)
 
     def _key(self, rule: AnyRule, sig: str, k: str, rows: list[tuple], watermark: int, out: list[tuple],

@@ -1,0 +1,377 @@
+package ruleplatform.keyed;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.ObjectMapper;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.HashMap;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+import org.apache.spark.sql.Encoders;
+import org.apache.spark.sql.Row;
+import org.apache.spark.sql.RowFactory;
+import org.apache.spark.sql.streaming.ExpiredTimerInfo;
+import org.apache.spark.sql.streaming.MapState;
+import org.apache.spark.sql.streaming.OutputMode;
+import org.apache.spark.sql.streaming.StatefulProcessor;
+import org.apache.spark.sql.streaming.TTLConfig;
+import org.apache.spark.sql.streaming.TimeMode;
+import org.apache.spark.sql.streaming.TimerValues;
+import org.apache.spark.sql.streaming.ValueState;
+import scala.Tuple2;
+import scala.jdk.javaapi.CollectionConverters;
+
+/**
+ * The JVM twin of spark_jobs/streaming/processor.py DetectionProcessor: the same input
+ * rows (one per (event, key group), `m` naming the slots the event enters), grouped by
+ * (gid, bucket), and the same OUTPUT_SCHEMA rows (detection | routed | dead, same reasons
+ * and values). Every semantic point below mirrors processor.py / keyed_logic.py and must
+ * change with them.
+ *
+ * State: one MapState entry per (key, rule) (`key NUL rule_id` -> SubState bytes), so a
+ * batch writes only the sub-states it touched (the Python processor rewrites its whole
+ * bucket because each state call is a round trip; here calls are in-process), and one
+ * ValueState with the bucket's event-time timer. Expiry is per sub-state (its newest
+ * event a full window plus the rule's lateness behind), applied when the bucket's one
+ * timer fires at (or before) the earliest expiry.
+ *
+ * Known differences (they need values near the double range or signed zeros): CPython's fsum also raises
+ * OverflowError when only an intermediate partial sum overflows (here only a final sum
+ * beyond the double range does); min/max of a window holding both 0.0 and -0.0 may give
+ * the other zero; a failure message is cut at 300 UTF-16 units, not code points.
+ */
+public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
+    private static final long serialVersionUID = 1L;
+    private static final char SEP = '\u0000'; // JSON key text never holds a raw NUL
+
+    private final String specJson;
+    private final String[] columns;
+
+    private transient Slot[] slots;
+    private transient int kCol;
+    private transient int mCol;
+    private transient int topicCol;
+    private transient int seqCol;
+    private transient int rawCol;
+    private transient MapState<String, byte[]> subs;
+    private transient ValueState<Long> timer;
+
+    /** specJson: jvm_operator.operator_spec; columns: the input's column names. */
+    public DetectionProcessor(String specJson, String[] columns) {
+        this.specJson = specJson;
+        this.columns = columns.clone();
+    }
+
+    @Override
+    public void init(OutputMode outputMode, TimeMode timeMode) {
+        try {
+            JsonNode spec = new ObjectMapper().readTree(specJson);
+            List<String> cols = Arrays.asList(columns);
+            List<Slot> out = new ArrayList<>();
+            Map<String, RuleSpec> rules = new HashMap<>();
+            for (JsonNode s : spec.get("slots")) {
+                JsonNode r = s.get("rule");
+                RuleSpec rule = rules.computeIfAbsent(r.toString(), x -> new RuleSpec(r));
+                out.add(new Slot(s, rule, cols));
+            }
+            slots = out.toArray(new Slot[0]);
+            kCol = cols.indexOf("k");
+            mCol = cols.indexOf("m");
+            topicCol = cols.indexOf("topic");
+            seqCol = cols.indexOf("seq");
+            rawCol = cols.indexOf("raw");
+        } catch (java.io.IOException e) {
+            throw new IllegalArgumentException("bad keyed operator spec", e);
+        }
+        subs = getHandle().getMapState("subs", Encoders.STRING(), Encoders.BINARY(), TTLConfig.NONE());
+        timer = getHandle().getValueState("timer", Encoders.LONG(), TTLConfig.NONE());
+    }
+
+    /** A rule's rows of the batch by key, in arrival order (processor.py _rows_by_rule). */
+    private static final class RuleRows {
+        final RuleSpec rule;
+        final LinkedHashMap<String, List<Ev>> byKey = new LinkedHashMap<>();
+
+        RuleRows(RuleSpec rule) {
+            this.rule = rule;
+        }
+    }
+
+    private static Object get(Row r, int i) {
+        return i < 0 || r.isNullAt(i) ? null : r.get(i);
+    }
+
+    private LinkedHashMap<String, RuleRows> rowsByRule(scala.collection.Iterator<Row> rows) {
+        LinkedHashMap<String, RuleRows> byRule = new LinkedHashMap<>();
+        Map<String, RuleRows> seen = new HashMap<>();
+        while (rows.hasNext()) {
+            Row r = rows.next();
+            String m = (String) get(r, mCol);
+            String k = (String) get(r, kCol);
+            for (String idx : m.split(",", -1)) {
+                Slot slot = slots[Integer.parseInt(idx)];
+                RuleRows entry = seen.get(idx);
+                if (entry == null) {
+                    entry = byRule.computeIfAbsent(slot.rule.ruleId, x -> new RuleRows(slot.rule));
+                    seen.put(idx, entry);
+                }
+                Long ts = (Long) get(r, slot.tsCol);
+                String issue = (String) get(r, slot.farCol);
+                if (issue != null) {
+                    ts = null;
+                }
+                Ev ev = new Ev(slot.role, slot.eventTime, ts, (Long) get(r, seqCol), (String) get(r, topicCol),
+                        (String) get(r, rawCol), (Double) get(r, slot.numCol), (String) get(r, slot.jvCol), issue);
+                entry.byKey.computeIfAbsent(k, x -> new ArrayList<>()).add(ev);
+            }
+        }
+        return byRule;
+    }
+
+    @Override
+    public scala.collection.Iterator<Row> handleInputRows(Row key, scala.collection.Iterator<Row> rows,
+                                                          TimerValues timerValues) {
+        LinkedHashMap<String, RuleRows> byRule = rowsByRule(rows);
+        List<Row> out = new ArrayList<>();
+        if (byRule.isEmpty()) {
+            return CollectionConverters.asScala(out.iterator());
+        }
+        long watermark = timerValues.getCurrentWatermarkInMs();
+        Long registered = timer.exists() ? timer.get() : null;
+        Long earliest = null;
+        for (RuleRows rr : byRule.values()) {
+            RuleSpec rule = rr.rule;
+            for (Map.Entry<String, List<Ev>> e : rr.byKey.entrySet()) {
+                String mapKey = e.getKey() + SEP + rule.ruleId;
+                List<Row> keyOut = new ArrayList<>();
+                SubState stored;
+                try {
+                    byte[] v = subs.getValue(mapKey);
+                    stored = evaluate(rule, e.getValue(), watermark, keyOut, v == null ? null : SubState.decode(v));
+                } catch (RuntimeException exc) {
+                    // One key's failure dead-letters that key's rows and keeps its state;
+                    // the batch, every other key and rule go on (processor.py).
+                    String reason = PyError.reason(exc);
+                    for (Ev r : e.getValue()) {
+                        out.add(output("dead", rule, r, null, reason));
+                    }
+                    continue;
+                }
+                out.addAll(keyOut);
+                if (stored == null) {
+                    continue;
+                }
+                subs.updateValue(mapKey, stored.encode());
+                if (stored.expiry != null && (earliest == null || stored.expiry < earliest)) {
+                    earliest = stored.expiry;
+                }
+            }
+            if (rule.velocity && !rule.usesEventTime) {
+                forgetIdleProcessingTimeKeys(rule, rr.byKey);
+            }
+        }
+        // Sub-states not in this batch keep expiries at or after the registered timer; it
+        // only moves when one needs an earlier one. Spark refuses a timer at or before the
+        // watermark: such an expiry fires at the next watermark move instead.
+        if (earliest != null) {
+            earliest = Math.max(earliest, watermark + 1);
+            if (registered == null || earliest < registered) {
+                if (registered != null) {
+                    getHandle().deleteTimer(registered);
+                }
+                getHandle().registerTimer(earliest);
+                timer.update(earliest);
+            }
+        }
+        return CollectionConverters.asScala(out.iterator());
+    }
+
+    /**
+     * processor.py _forget_idle_processing_time_keys: a processing-time rule's sub-states
+     * of keys without rows in the batch whose newest event is a whole window older than
+     * the newest broker time of the rule's rows are dropped (nothing later can see them).
+     */
+    private void forgetIdleProcessingTimeKeys(RuleSpec rule, Map<String, List<Ev>> batch) {
+        Long now = null;
+        for (List<Ev> rows : batch.values()) {
+            for (Ev r : rows) {
+                if (r.ts != null && (now == null || r.ts > now)) {
+                    now = r.ts;
+                }
+            }
+        }
+        if (now == null) {
+            return;
+        }
+        long horizon = now - rule.windowMs;
+        String suffix = SEP + rule.ruleId;
+        List<String> idle = new ArrayList<>();
+        scala.collection.Iterator<Tuple2<String, byte[]>> it = subs.iterator();
+        while (it.hasNext()) {
+            Tuple2<String, byte[]> kv = it.next();
+            String mk = kv._1();
+            if (!mk.endsWith(suffix)) {
+                continue;
+            }
+            String k = mk.substring(0, mk.length() - suffix.length());
+            if (batch.containsKey(k)) {
+                continue;
+            }
+            Long maxTs = SubState.header(kv._2())[0];
+            if (maxTs != null && maxTs <= horizon) {
+                idle.add(mk);
+            }
+        }
+        for (String mk : idle) {
+            subs.removeKey(mk);
+        }
+    }
+
+    /**
+     * One key's rows of the batch (processor.py _key), `v` its stored sub-state: outputs
+     * appended to `out`; returns the new sub-state (null: untouched).
+     */
+    private static SubState evaluate(RuleSpec rule, List<Ev> rows, long watermark, List<Row> out, SubState v) {
+        List<Ev> fresh = new ArrayList<>();
+        boolean anyTime = false;
+        for (Ev r : rows) {
+            if (r.ts == null) {
+                // No usable timestamp: the row never touches state.
+                out.add(output("dead", rule, r, null, r.tsIssue != null ? r.tsIssue
+                        : "missing or unparseable timestamp needed by " + rule.ruleType + " rule"));
+                continue;
+            }
+            anyTime = true;
+            // Routed primaries were judged for lateness when they entered the velocity
+            // rule; re-injected a batch later, they must not be late a second time.
+            if (r.eventTime && !"routed".equals(r.role) && watermark > 0 && r.ts < watermark) {
+                out.add(output("dead", rule, r, null,
+                        "late event: older than the job watermark (" + watermark + " ms)"));
+            } else {
+                fresh.add(r);
+            }
+        }
+        if (!anyTime) {
+            return null;
+        }
+        fresh.sort(Ev::byTsSeq);
+        SubState st = v == null ? new SubState() : v;
+        if (st.signature != null && !st.signature.equals(rule.signature)) {
+            // New conditions, grouping or value fields: old entries no longer qualify.
+            st.ts = new long[0];
+            st.num = null;
+            st.jv = null;
+            st.context = new ArrayList<>();
+            st.pending = new ArrayList<>();
+            st.prevAbove = null;
+        }
+        if (rule.velocity) {
+            velocity(rule, fresh, st, watermark, out);
+        } else {
+            correlation(rule, fresh, st, watermark, out);
+        }
+        st.signature = rule.signature;
+        return st;
+    }
+
+    /** `x or y` of Python on an optional time: 0 is falsy there too. */
+    private static long orElse(Long x, long y) {
+        return x == null || x == 0L ? y : x;
+    }
+
+    private static void velocity(RuleSpec rule, List<Ev> rows, SubState st, long watermark, List<Row> out) {
+        List<Emit> emits = Velocity.step(rule, st, rows);
+        if (!rows.isEmpty()) {
+            long newest = rows.get(rows.size() - 1).ts; // sorted by time
+            st.maxTs = Math.max(orElse(st.maxTs, newest), newest);
+        }
+        long horizon = orElse(st.maxTs, 0L);
+        if (rule.usesEventTime && watermark > 0) {
+            horizon = Math.min(horizon, watermark);
+        }
+        Velocity.evict(st, rule, horizon);
+        if (rule.usesEventTime && st.maxTs != null) {
+            st.expiry = st.maxTs + rule.windowMs + rule.watermarkDelayMs;
+        }
+        String kind = rule.emitToSink ? "detection" : "routed";
+        for (Emit e : emits) {
+            out.add(output(kind, rule, e.row, e, null));
+        }
+    }
+
+    private static void correlation(RuleSpec rule, List<Ev> rows, SubState st, long watermark, List<Row> out) {
+        List<Ev> primaries = new ArrayList<>();
+        List<Ev> contexts = new ArrayList<>();
+        for (Ev r : rows) {
+            ("context".equals(r.role) ? contexts : primaries).add(r);
+        }
+        List<Emit> emits = Correlation.step(rule, st, primaries, contexts, watermark);
+        if (!rows.isEmpty()) {
+            long first = (primaries.isEmpty() ? contexts : primaries).get(0).ts;
+            long newest = Long.MIN_VALUE;
+            for (Ev r : rows) {
+                newest = Math.max(newest, r.ts);
+            }
+            st.maxTs = Math.max(orElse(st.maxTs, first), newest);
+        }
+        if (watermark > 0) {
+            Correlation.evict(st, rule, watermark);
+        }
+        if (st.maxTs != null) {
+            st.expiry = st.maxTs + rule.lookbackMs + rule.watermarkDelayMs;
+        }
+        for (Emit e : emits) {
+            out.add(output("detection", rule, e.row, e, null));
+        }
+    }
+
+    /** One OUTPUT_SCHEMA row (processor.py _out). */
+    private static Row output(String kind, RuleSpec rule, Ev row, Emit e, String reason) {
+        return RowFactory.create(
+                kind, rule.ruleId, rule.version, rule.ruleType, rule.name,
+                row.topic, row.seq, row.ts, row.raw,
+                rule.velocity ? rule.aggregationType : null,
+                e == null ? null : e.aggValue,
+                rule.velocity ? null : rule.metric,
+                rule.emitContext,
+                e == null ? null : e.ctxNum,
+                e == null ? null : e.ctxJson,
+                e == null ? null : e.metricValue,
+                e == null ? null : e.ctxRecord,
+                reason);
+    }
+
+    /**
+     * Forget the sub-states whose expiry the watermark has reached (Spark's rule for
+     * event-time timers: expiry <= watermark), then re-arm for the earliest left.
+     */
+    @Override
+    public scala.collection.Iterator<Row> handleExpiredTimer(Row key, TimerValues timerValues,
+                                                             ExpiredTimerInfo expiredTimerInfo) {
+        long watermark = timerValues.getCurrentWatermarkInMs();
+        Long earliest = null;
+        List<String> expired = new ArrayList<>();
+        scala.collection.Iterator<Tuple2<String, byte[]>> it = subs.iterator();
+        while (it.hasNext()) {
+            Tuple2<String, byte[]> kv = it.next();
+            Long expiry = SubState.header(kv._2())[1];
+            if (expiry != null && expiry <= watermark) {
+                expired.add(kv._1());
+            } else if (expiry != null && (earliest == null || expiry < earliest)) {
+                earliest = expiry;
+            }
+        }
+        for (String mk : expired) {
+            subs.removeKey(mk);
+        }
+        // Spark deletes the fired timer after this returns; `earliest` > watermark >= it.
+        if (earliest != null) {
+            getHandle().registerTimer(earliest);
+            timer.update(earliest);
+        } else {
+            timer.clear();
+        }
+        return CollectionConverters.asScala(new ArrayList<Row>().iterator());
+    }
+}

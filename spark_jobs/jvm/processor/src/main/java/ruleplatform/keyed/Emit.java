@@ -1,0 +1,15 @@
+package ruleplatform.keyed;
+
+/** keyed_logic.Emit: an output of a velocity or correlation step for one row. */
+final class Emit {
+    final Ev row;
+    Double aggValue;
+    String ctxJson;
+    Double metricValue;
+    String ctxRecord;
+    Double ctxNum;
+
+    Emit(Ev row) {
+        this.row = row;
+    }
+}

@@ -1,0 +1,61 @@
+package ruleplatform.keyed;
+
+import org.apache.spark.sql.Dataset;
+import org.apache.spark.sql.Encoders;
+import org.apache.spark.sql.Row;
+import org.apache.spark.sql.streaming.OutputMode;
+import org.apache.spark.sql.streaming.TimeMode;
+import org.apache.spark.sql.types.DataTypes;
+import org.apache.spark.sql.types.StructField;
+import org.apache.spark.sql.types.StructType;
+
+/**
+ * The entry point the job calls through py4j: the keyed operator of the live plan in
+ * the JVM, a drop-in for
+ * {@code groupBy("gid","bucket").transformWithStateInPandas(DetectionProcessor(...), OUTPUT_SCHEMA, "Append", "EventTime")}.
+ */
+public final class KeyedOperator {
+    private KeyedOperator() {}
+
+    /** processor.py OUTPUT_SCHEMA, field for field. */
+    public static final StructType OUTPUT_SCHEMA = new StructType(new StructField[] {
+        field("kind", DataTypes.StringType),
+        field("rule_id", DataTypes.StringType),
+        field("rule_version", DataTypes.StringType),
+        field("rule_type", DataTypes.StringType),
+        field("rule_name", DataTypes.StringType),
+        field("topic", DataTypes.StringType),
+        field("seq", DataTypes.LongType),
+        field("ts_ms", DataTypes.LongType),
+        field("raw", DataTypes.StringType),
+        field("agg_type", DataTypes.StringType),
+        field("agg_value", DataTypes.DoubleType),
+        field("metric", DataTypes.StringType),
+        field("emit_context", DataTypes.BooleanType),
+        field("ctx_num", DataTypes.DoubleType),
+        field("ctx_json", DataTypes.StringType),
+        field("metric_value", DataTypes.DoubleType),
+        field("ctx_record", DataTypes.StringType),
+        field("reason", DataTypes.StringType),
+    });
+
+    private static StructField field(String name, org.apache.spark.sql.types.DataType type) {
+        return DataTypes.createStructField(name, type, true);
+    }
+
+    /**
+     * The operator over `in` (compiled.key_rows plus `bucket`, with the job's watermark):
+     * grouped by (gid, bucket), evaluated by {@link DetectionProcessor} with the rules of
+     * `specJson` (jvm_operator.operator_spec), in event-time mode and Append output.
+     */
+    public static Dataset<Row> apply(Dataset<Row> in, String specJson) {
+        StructType schema = in.schema();
+        StructType keySchema = new StructType(new StructField[] {
+            schema.apply("gid"), schema.apply("bucket"),
+        });
+        return in.groupBy("gid", "bucket")
+                .as(Encoders.row(keySchema), Encoders.row(schema))
+                .transformWithState(new DetectionProcessor(specJson, schema.fieldNames()), TimeMode.EventTime(),
+                        OutputMode.Append(), Encoders.row(OUTPUT_SCHEMA));
+    }
+}

@@ -1,0 +1,71 @@
+package ruleplatform.keyed;
+
+import com.fasterxml.jackson.databind.JsonNode;
+
+/**
+ * One keyed rule as the operator needs it, read once from the spec the job builds
+ * (jvm_operator.py `operator_spec`): the model's own derived values (window_ms,
+ * lookback_ms, the watermark delay in ms, the state signature), so the JVM never
+ * re-derives what spark_jobs/rules/model.py defines.
+ */
+final class RuleSpec {
+    final String ruleId;
+    final String version;
+    final String ruleType; // velocity | correlation
+    final String name;
+    /** processor.py _signature: a change resets the window and buffers. */
+    final String signature;
+    final boolean velocity;
+    final boolean usesEventTime;
+    final long windowMs;
+    final long watermarkDelayMs; // int(rule.watermark_delay * 1000)
+    // velocity
+    final String aggregationType;
+    final double threshold;
+    final boolean allEvents;
+    final boolean emitToSink;
+    // correlation
+    final long lookbackMs;
+    final boolean lastResolution;
+    final boolean meanStd;
+    final int minContextPoints;
+    final String metric;
+    final Boolean emitContext;
+    final String condOp;
+    final String condKind; // num | bool | str (conditions.value_spec)
+    final double condNum;
+    final boolean condBool;
+    final String condStr;
+
+    RuleSpec(JsonNode n) {
+        ruleId = n.get("rule_id").asText();
+        version = n.get("version").asText();
+        ruleType = n.get("rule_type").asText();
+        name = text(n, "name");
+        signature = n.get("signature").asText();
+        velocity = "velocity".equals(ruleType);
+        usesEventTime = n.get("uses_event_time").asBoolean();
+        windowMs = n.get("window_ms").asLong();
+        watermarkDelayMs = n.get("watermark_delay_ms").asLong();
+        aggregationType = text(n, "aggregation_type");
+        threshold = n.path("threshold").asDouble();
+        allEvents = "all_events".equals(text(n, "emit_mode"));
+        emitToSink = n.path("emit_to_sink").asBoolean(true);
+        lookbackMs = n.path("lookback_ms").asLong();
+        lastResolution = "last".equals(text(n, "context_resolution"));
+        meanStd = "mean_std".equals(text(n, "context_resolution"));
+        minContextPoints = n.path("min_context_points").asInt(1);
+        metric = text(n, "metric");
+        emitContext = velocity ? null : n.get("emit_context").asBoolean();
+        condOp = text(n, "cond_op");
+        condKind = text(n, "cond_kind");
+        condNum = n.path("cond_num").asDouble();
+        condBool = n.path("cond_bool").asBoolean();
+        condStr = text(n, "cond_str");
+    }
+
+    private static String text(JsonNode n, String field) {
+        JsonNode v = n.get(field);
+        return v == null || v.isNull() ? null : v.asText();
+    }
+}

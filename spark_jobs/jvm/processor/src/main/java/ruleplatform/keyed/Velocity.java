@@ -1,0 +1,249 @@
+package ruleplatform.keyed;
+
+import java.math.BigDecimal;
+import java.util.ArrayDeque;
+import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+
+/**
+ * keyed_logic.velocity_step / evict_window for one key: the batch's rows (sorted by
+ * (ts, seq)) enter the key's window, each judged over the window's events with time in
+ * (ts - window, ts]: the stored events up to and including its time and the batch's rows
+ * up to and including itself.
+ *
+ * Merged into one sorted column (a batch row after stored rows and earlier batch rows of
+ * equal time, exactly where keyed_logic._insert puts it), each row's window is one
+ * contiguous range ending at the row itself, and both ends only move forward: the
+ * aggregates slide (exact BigDecimal sum, monotonic deques for min/max, value counts for
+ * distinct_count) instead of being recomputed per row. The results are those of
+ * keyed_logic._aggregate by definition: count as a double, sum = math.fsum (exact,
+ * rounded once), avg = that sum / number of values, min/max/sum/avg skip events without
+ * a value, distinct_count counts distinct JSON texts (null being one of them).
+ */
+final class Velocity {
+    private Velocity() {}
+
+    static List<Emit> step(RuleSpec rule, SubState st, List<Ev> rows) {
+        List<Emit> emits = new ArrayList<>();
+        int n = rows.size();
+        if (n == 0) {
+            return emits;
+        }
+        String kind = rule.aggregationType;
+        boolean nums = !"count".equals(kind) && !"distinct_count".equals(kind);
+        boolean texts = "distinct_count".equals(kind);
+        long[] old = st.ts;
+        int m = old.length;
+        long[] ts = new long[m + n];
+        double[] num = nums ? new double[m + n] : null;
+        String[] jv = texts ? new String[m + n] : null;
+        int[] pos = new int[n];
+        int o = 0;
+        for (int i = 0; i < n; i++) {
+            long t = rows.get(i).ts;
+            while (o < m && old[o] <= t) { // bisect_right: after stored rows of equal time
+                copyOld(st, o, o + i, ts, num, jv);
+                o++;
+            }
+            int p = o + i;
+            pos[i] = p;
+            Ev r = rows.get(i);
+            ts[p] = t;
+            if (num != null) {
+                num[p] = r.num == null ? Double.NaN : r.num;
+            }
+            if (jv != null) {
+                jv[p] = r.jv;
+            }
+        }
+        for (; o < m; o++) {
+            copyOld(st, o, o + n, ts, num, jv);
+        }
+
+        Window w = new Window(kind, num, jv);
+        long size = rule.windowMs;
+        int lo = 0;
+        int hi = 0; // next index to enter
+        Boolean prev = st.prevAbove;
+        for (int i = 0; i < n; i++) {
+            long t = ts[pos[i]];
+            while (hi <= pos[i]) {
+                w.enter(hi++);
+            }
+            while (lo < hi && ts[lo] <= t - size) {
+                w.leave(lo++);
+            }
+            double agg = w.value(hi - lo);
+            boolean above = agg >= rule.threshold;
+            if (above && (rule.allEvents || prev == null || !prev)) {
+                Emit e = new Emit(rows.get(i));
+                e.aggValue = agg;
+                emits.add(e);
+            }
+            prev = above;
+        }
+        st.prevAbove = prev;
+        st.ts = ts;
+        st.num = num;
+        st.jv = jv;
+        return emits;
+    }
+
+    private static void copyOld(SubState st, int from, int to, long[] ts, double[] num, String[] jv) {
+        ts[to] = st.ts[from];
+        if (num != null) {
+            num[to] = st.num == null ? Double.NaN : st.num[from];
+        }
+        if (jv != null) {
+            jv[to] = st.jv == null ? null : st.jv[from];
+        }
+    }
+
+    /** Forget entries no future event can see: ts <= horizon - window. */
+    static void evict(SubState st, RuleSpec rule, long horizonMs) {
+        long cut = horizonMs - rule.windowMs;
+        int i = 0;
+        while (i < st.ts.length && st.ts[i] <= cut) {
+            i++;
+        }
+        if (i == 0) {
+            return;
+        }
+        st.ts = java.util.Arrays.copyOfRange(st.ts, i, st.ts.length);
+        if (st.num != null) {
+            st.num = java.util.Arrays.copyOfRange(st.num, i, st.num.length);
+        }
+        if (st.jv != null) {
+            st.jv = java.util.Arrays.copyOfRange(st.jv, i, st.jv.length);
+        }
+    }
+
+    /** One aggregation over a range of the merged column that slides forward. */
+    private static final class Window {
+        final String kind;
+        final double[] num;
+        final String[] jv;
+        // sum / avg: the exact sum of the finite values, and CPython fsum's special values
+        BigDecimal sum = BigDecimal.ZERO;
+        int values; // values present (not NaN)
+        int nan;
+        int posInf;
+        int negInf;
+        // min / max: indexes of candidate extremes, earliest first
+        final ArrayDeque<Integer> mono = new ArrayDeque<>();
+        // distinct_count
+        final Map<String, Integer> counts = new HashMap<>();
+
+        Window(String kind, double[] num, String[] jv) {
+            this.kind = kind;
+            this.num = num;
+            this.jv = jv;
+        }
+
+        void enter(int i) {
+            switch (kind) {
+                case "count":
+                    return;
+                case "distinct_count":
+                    counts.merge(jv[i], 1, Integer::sum);
+                    return;
+                case "min":
+                case "max": {
+                    double x = num[i];
+                    if (x != x) {
+                        return;
+                    }
+                    boolean min = "min".equals(kind);
+                    // keep the earliest of equal values at the front, as min()/max() return the first
+                    while (!mono.isEmpty() && (min ? num[mono.peekLast()] > x : num[mono.peekLast()] < x)) {
+                        mono.pollLast();
+                    }
+                    mono.addLast(i);
+                    return;
+                }
+                default:
+                    add(num[i], 1);
+            }
+        }
+
+        void leave(int i) {
+            switch (kind) {
+                case "count":
+                    return;
+                case "distinct_count": {
+                    String k = jv[i];
+                    int c = counts.get(k) - 1;
+                    if (c == 0) {
+                        counts.remove(k);
+                    } else {
+                        counts.put(k, c);
+                    }
+                    return;
+                }
+                case "min":
+                case "max":
+                    if (!mono.isEmpty() && mono.peekFirst() == i) {
+                        mono.pollFirst();
+                    }
+                    return;
+                default:
+                    add(num[i], -1);
+            }
+        }
+
+        private void add(double x, int sign) {
+            if (x != x) {
+                return; // no value: skipped (keyed_logic filters NaN out)
+            }
+            values += sign;
+            if (Double.isInfinite(x)) {
+                if (x > 0) {
+                    posInf += sign;
+                } else {
+                    negInf += sign;
+                }
+            } else if (x != 0.0) {
+                BigDecimal d = new BigDecimal(x);
+                sum = sign > 0 ? sum.add(d) : sum.subtract(d);
+            }
+        }
+
+        double value(int size) {
+            switch (kind) {
+                case "count":
+                    return size;
+                case "distinct_count":
+                    return counts.size();
+                case "min":
+                case "max":
+                    if (mono.isEmpty()) {
+                        throw new PyError("ValueError", kind + "() arg is an empty sequence");
+                    }
+                    return num[mono.peekFirst()];
+                default: {
+                    double special = 0.0;
+                    double infSum = 0.0;
+                    boolean anySpecial = posInf > 0 || negInf > 0;
+                    if (posInf > 0) {
+                        special += Double.POSITIVE_INFINITY;
+                        infSum += Double.POSITIVE_INFINITY;
+                    }
+                    if (negInf > 0) {
+                        special += Double.NEGATIVE_INFINITY;
+                        infSum += Double.NEGATIVE_INFINITY;
+                    }
+                    double s = PyMath.finish(sum, anySpecial, special, infSum);
+                    if ("sum".equals(kind)) {
+                        return s;
+                    }
+                    if (values == 0) {
+                        throw new PyError("ZeroDivisionError", "float division by zero");
+                    }
+                    return s / values;
+                }
+            }
+        }
+    }
+}

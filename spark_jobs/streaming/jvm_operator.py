@@ -1,0 +1,98 @@
+"""The live job's keyed operator in the JVM: a drop-in for processor.DetectionProcessor.
+
+The Python operator (transformWithStateInPandas) is what caps the live job's throughput:
+every row crosses to a Python worker and back, and every state call is a round trip.
+The JVM operator (spark_jobs/jvm/processor, `ruleplatform.keyed.DetectionProcessor`,
+a Java StatefulProcessor for transformWithState) takes exactly the same input rows
+(compiled.key_rows plus `bucket`), grouped by the same (gid, bucket), and writes exactly
+the same OUTPUT_SCHEMA rows, so everything downstream is unchanged.
+
+The rules reach it once, when the plan is built: `operator_spec` resolves each slot's
+rule as the Python processor does (by reference in the job's defs_dir, or whole) and
+hands the JVM the values the rule model derives (window and lookback in ms, the
+watermark delay in ms, the state signature, the condition's typed value), so the JVM
+re-derives nothing the model defines. Its state layout (a MapState entry per key and
+rule, plus the bucket's timer) is its own: a checkpoint written by one operator cannot
+be resumed by the other.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+from pyspark.sql import DataFrame, SparkSession
+
+from spark_jobs.engine.conditions import value_spec
+from spark_jobs.rules.model import AnyRule, CorrelationRule, VelocityRule
+from spark_jobs.streaming.processor import OUTPUT_SCHEMA, DetectionProcessor, Slot
+
+OPERATOR_CLASS = "ruleplatform.keyed.KeyedOperator"
+
+
+def rule_spec(rule: AnyRule, signature: str) -> dict:
+    """What the JVM operator reads of one keyed rule (RuleSpec.java)."""
+    d: dict = {
+        "rule_id": rule.rule_id,
+        "version": rule.version,
+        "rule_type": rule.rule_type,
+        "name": rule.name,
+        "signature": signature,
+        "uses_event_time": rule.uses_event_time,
+        "window_ms": rule.window_ms,
+    }
+    if isinstance(rule, VelocityRule):
+        d.update(
+            watermark_delay_ms=int(rule.watermark_delay * 1000),
+            aggregation_type=rule.aggregation_type,
+            threshold=float(rule.threshold),
+            emit_mode=rule.emit_mode,
+            emit_to_sink=rule.emit_to_sink,
+        )
+    elif isinstance(rule, CorrelationRule):
+        spec = value_spec(rule.condition.value)
+        d.update(
+            watermark_delay_ms=int(rule.watermark_delay * 1000),
+            lookback_ms=rule.lookback_ms,
+            context_resolution=rule.context_resolution,
+            min_context_points=rule.min_context_points,
+            metric=rule.metric,
+            emit_context=rule.emit_mode in ("context", "both"),
+            cond_op=rule.condition.operator,
+            cond_kind=spec["kind"],
+            cond_num=spec["num"],
+            cond_bool=spec["bool"],
+            cond_str=spec["str"],
+        )
+    else:
+        raise ValueError(f"rule {rule.rule_id} is no keyed rule ({rule.rule_type})")
+    return d
+
+
+def operator_spec(slots: Sequence[Slot], defs_dir: str | None = None) -> str:
+    """The slots and their rules as the JVM operator's constructor argument (JSON)."""
+    resolver = DetectionProcessor(slots, defs_dir)
+    out = []
+    for slot in slots:
+        rule, sig = resolver._rule_of(slot)
+        out.append({
+            "role": slot.role, "event_time": slot.event_time, "ts_col": slot.ts_col, "far_col": slot.far_col,
+            "num_col": slot.num_col, "jv_col": slot.jv_col, "rule": rule_spec(rule, sig),
+        })
+    return json.dumps({"slots": out}, allow_nan=False)
+
+
+def keyed_operator(stateful_in: DataFrame, slots: Sequence[Slot], defs_dir: str | None = None) -> DataFrame:
+    """`stateful_in` (key rows with `gid`, `bucket` and the job's watermark) through the
+    JVM operator: OUTPUT_SCHEMA rows, as the Python operator writes them."""
+    spark: SparkSession = stateful_in.sparkSession
+    jvm = spark._jvm  # type: ignore[attr-defined]
+    assert jvm is not None, "the JVM operator needs a classic (non-Connect) SparkSession"
+    operator = jvm
+    for part in OPERATOR_CLASS.split("."):
+        operator = getattr(operator, part)
+    jdf = operator.apply(stateful_in._jdf, operator_spec(slots, defs_dir))
+    out = DataFrame(jdf, spark)
+    if out.schema != OUTPUT_SCHEMA:  # the two definitions must not drift apart
+        raise RuntimeError(f"JVM operator schema {out.schema} is not OUTPUT_SCHEMA {OUTPUT_SCHEMA}")
+    return out

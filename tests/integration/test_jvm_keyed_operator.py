@@ -1,0 +1,290 @@
+"""The JVM keyed operator (spark_jobs/jvm/processor, jvm_operator.py) against the Python
+DetectionProcessor it replaces: the same random key rows, the same output rows.
+
+Both run in one streaming query on real Spark, side by side over the same input (a
+union of the two operators' outputs, tagged): each micro-batch gives both the same rows
+and the same watermark, and the no-data batches that fire their expiry timers happen
+for both alike, so their outputs must be equal batch by batch. The input is one file
+per micro-batch (maxFilesPerTrigger 1), rows as compiled.key_rows makes them (one per
+(event, key group), `m` naming the slots the event enters), from a seeded generator:
+every velocity aggregation and emit mode, a processing-time rule, a routed velocity
+rule, correlation rules of every resolution and metric (also on routed primaries),
+equal timestamps, fractional, huge and tiny values, late rows, rows without a usable
+timestamp (with and without the `a<i>` issue), rules sharing a key group, two groups.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from spark_jobs.rules.model import parse_rule
+from spark_jobs.streaming.job import STATE_STORE
+from spark_jobs.streaming.jvm_operator import keyed_operator
+from spark_jobs.streaming.processor import OUTPUT_SCHEMA, DetectionProcessor, Slot
+
+pytestmark = pytest.mark.spark
+
+BASE = 1_767_600_000_000
+
+
+def _velocity(rid: str, kind: str, window_s: float, threshold: float, **extra) -> dict:
+    d = {"rule_id": rid, "version": "1", "rule_type": "velocity", "source_topic": "t", "group_by": "user",
+         "window_size": window_s, "window_unit": "seconds", "aggregation_type": kind, "threshold": threshold,
+         "time_mode": "event_time", "timestamp_field": "ts", "watermark_delay": 2}
+    if kind != "count":
+        d["aggregation_field"] = "amount" if kind != "distinct_count" else "m"
+    return {**d, **extra}
+
+
+def _correlation(rid: str, resolution: str, metric: str, op: str, value: object, **extra) -> dict:
+    d = {"rule_id": rid, "version": "1", "rule_type": "correlation", "source_topic": "t", "context_topic": "ctx",
+         "correlation_key": "pair", "window_size": 5, "window_unit": "seconds", "context_resolution": resolution,
+         "context_value_field": "rate", "timestamp_field": "ts", "metric": metric,
+         "condition": {"operator": op, "value": value}, "watermark_delay": 2}
+    if metric != "direct":
+        d["event_value_field"] = "r"
+    return {**d, **extra}
+
+
+# Key group "user": velocity rules; key group "pair": correlation rules.
+VELOCITY = [
+    _velocity("v_count", "count", 10, 3),
+    _velocity("v_count_all", "count", 3, 2, emit_mode="all_events", watermark_delay=1),
+    _velocity("v_sum", "sum", 8, 60),
+    _velocity("v_sum_all", "sum", 2.5, 0.3, emit_mode="all_events"),
+    _velocity("v_avg", "avg", 8, 41.3, emit_mode="all_events"),
+    _velocity("v_min", "min", 5, 20),
+    _velocity("v_max", "max", 4, 50, emit_mode="all_events", watermark_delay=1),
+    _velocity("v_distinct", "distinct_count", 6, 2),
+    _velocity("v_proc", "count", 4, 2, time_mode="processing_time", timestamp_field=None),
+    _velocity("v_routed", "sum", 5, 10, emit_to_sink=False),
+]
+CORRELATION = [
+    _correlation("c_last_ratio", "last", "ratio_deviation", ">", 0.02),
+    _correlation("c_last_direct_str", "last", "direct", "==", "high"),
+    _correlation("c_last_direct_num", "last", "direct", ">=", 1.05, max_context_age_seconds=3),
+    _correlation("c_last_ne", "last", "direct", "!=", True),
+    _correlation("c_mean", "mean", "direct", ">", 1.02, min_context_points=2),
+    _correlation("c_z", "mean_std", "z_score", ">", 1, min_context_points=2, window_size=6),
+    _correlation("c_diff", "mean", "difference", "<", -0.01),
+    _correlation("c_routed", "last", "difference", ">", 0, velocity_filter_rule_id="v_routed"),
+]
+
+
+def _slots() -> tuple[list[Slot], dict[str, list[int]]]:
+    """One slot per rule role, each with its own value columns (t<i>, a<i>, n<i>, j<i>);
+    the processing-time rule reads `proc_ms`. Returns the slots and per key group the
+    indexes of its slots."""
+    slots: list[Slot] = []
+    groups: dict[str, list[int]] = {"user": [], "pair": []}
+    for d in VELOCITY + CORRELATION:
+        rj = json.dumps(parse_rule(d).model_dump(mode="json"), sort_keys=True)
+        roles = ["source"] if d["rule_type"] == "velocity" else [
+            "routed" if d.get("velocity_filter_rule_id") else "source", "context"]
+        for role in roles:
+            i = len(slots)
+            event_time = d.get("time_mode") != "processing_time"
+            ts_col, far_col = (f"t{i}", f"a{i}") if event_time else ("proc_ms", None)
+            slots.append(Slot(None, rj, role, event_time, ts_col, far_col, f"n{i}", f"j{i}"))
+            groups["user" if d["rule_type"] == "velocity" else "pair"].append(i)
+    return slots, groups
+
+
+VALUES = [5.0, 20.0, 40.0, 65.0, 70.0, 0.1, 0.2, 1 / 3, 1e16, -1e16, 1.0, 1e-300, 5e-324, 2.5e300, -7.25]
+RATES = [1.0, 1.01, 1.05, 1.1, 0.97, 0.1, 1 / 3]
+TEXTS = ['"m0"', '"m1"', '"m2"', "3", "null", '"high"', '"1.2"', "1.07", "true", "false", '" 1e0 "']
+
+
+def _batches(rnd: random.Random, slots: list[Slot], groups: dict[str, list[int]], n: int) -> list[list[dict]]:
+    """Input rows per micro-batch: bursts, gaps longer than a window (expiry), equal and
+    out-of-order times, late rows (times far behind), rows without a usable time."""
+    out, now, seq = [], BASE, 0
+    users, pairs = [f'"u{i}"' for i in range(6)], ['"EURUSD"', '"GBPUSD"']
+    for _ in range(n):
+        now += rnd.choice([0, 200, 300, 700, 1500, 4000, 9000, 20_000])
+        rows = []
+        for _ in range(rnd.randrange(0, 20)):
+            seq += 1
+            gid = rnd.choice(["user", "pair"])
+            ts = now - rnd.choice([0, 0, 0, 0, 200, 900, 3000, 9000, 15_000])
+            row: dict = {"gid": gid, "k": rnd.choice(users if gid == "user" else pairs), "seq": seq,
+                         "topic": "t", "raw": json.dumps({"seq": seq}), "proc_ms": now + rnd.randrange(3)}
+            members = groups[gid]
+            if gid == "pair":  # a primary (source or routed) or a context record
+                context = rnd.random() < 0.45
+                row["topic"] = "ctx" if context else rnd.choice(["t", "detect.routed"])
+                members = [i for i in members if (slots[i].role == "context") == context]
+            chosen = [i for i in members if rnd.random() < 0.6] or [rnd.choice(members)]
+            row["m"] = ",".join(map(str, chosen))
+            missing = rnd.random() < 0.03
+            issue = rnd.random() < 0.02
+            wm = []
+            for i in chosen:
+                s = slots[i]
+                if s.event_time:
+                    row[s.ts_col] = None if missing else ts
+                    row[s.far_col] = "event time more than 5000 ms ahead of the record's broker timestamp" \
+                        if issue else None
+                    if not missing and not issue:
+                        wm.append(ts)
+                row[s.num_col] = rnd.choice(RATES if gid == "pair" and rnd.random() < 0.9 else VALUES)
+                row[s.jv_col] = rnd.choice(TEXTS)
+            row["wm"] = max(wm) if wm else None
+            rows.append(row)
+        out.append(rows)
+    out.append(_overflowing(slots, now + 60_000, seq))
+    return out
+
+
+def _overflowing(slots: list[Slot], ts: int, seq: int) -> list[dict]:
+    """A batch whose mean_std context overflows `(x - mean) ** 2` (2.5e300): the key's rows
+    of that rule become "rule evaluation failed" dead letters, the other rules go on."""
+    ctx = next(i for i, s in enumerate(slots) if '"c_z"' in (s.rule_json or "") and s.role == "context")
+    src = next(i for i, s in enumerate(slots) if '"c_z"' in (s.rule_json or "") and s.role == "source")
+    rows = []
+    for n, (slot, num, topic) in enumerate([(ctx, 2.5e300, "ctx"), (ctx, 1.0, "ctx"), (src, 1.0, "t")]):
+        s = slots[slot]
+        rows.append({"gid": "pair", "k": '"EURUSD"', "m": str(slot), "topic": topic, "seq": seq + 1 + n,
+                     "raw": json.dumps({"seq": seq + 1 + n}), "proc_ms": ts, "wm": ts, s.ts_col: ts,
+                     s.far_col: None, s.num_col: num, s.jv_col: "1"})
+    return rows
+
+
+def _schema(slots: list[Slot]) -> str:
+    cols = ["gid string", "k string", "m string", "topic string", "seq long", "raw string", "proc_ms long",
+            "wm long"]
+    for i in range(len(slots)):
+        cols += [f"t{i} long", f"a{i} string", f"n{i} double", f"j{i} string"]
+    return ", ".join(cols)
+
+
+def test_jvm_operator_equals_the_python_processor(spark, tmp_path: Path):
+    from pyspark.sql import functions as F
+
+    slots, groups = _slots()
+    rnd = random.Random("jvm-keyed-operator")
+    batches = _batches(rnd, slots, groups, 40)
+    src = tmp_path / "in"
+    src.mkdir()
+    schema = _schema(slots)
+    names = [c.split()[0] for c in schema.split(", ")]
+    for b, rows in enumerate(batches):
+        df = spark.createDataFrame([{c: r.get(c) for c in names} for r in rows], schema)
+        df.coalesce(1).write.parquet(str(tmp_path / "stage" / str(b)))
+        part = next((tmp_path / "stage" / str(b)).glob("part-*.parquet"))
+        part.rename(src / f"{b:04d}.parquet")
+
+    keyed = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(str(src))
+    watermarked = keyed.withColumn("wm_ts", F.timestamp_millis(F.col("wm"))).withWatermark("wm_ts", "2000 milliseconds")
+    stateful_in = watermarked.select(*[c for c in keyed.columns if c != "wm"],
+                                     F.pmod(F.xxhash64("k"), F.lit(3)).cast("int").alias("bucket"))
+    python = stateful_in.groupBy("gid", "bucket").transformWithStateInPandas(
+        DetectionProcessor(slots), OUTPUT_SCHEMA, "Append", "EventTime")
+    jvm = keyed_operator(stateful_in, slots)
+    both = python.withColumn("impl", F.lit("python")).unionByName(jvm.withColumn("impl", F.lit("jvm")))
+
+    got: dict[str, dict[int, Counter]] = {"python": {}, "jvm": {}}
+
+    def collect(df, batch_id: int) -> None:
+        for r in df.collect():
+            d = r.asDict()
+            impl = d.pop("impl")
+            got[impl].setdefault(batch_id, Counter())[tuple(d[f.name] for f in OUTPUT_SCHEMA.fields)] += 1
+
+    key = "spark.sql.streaming.stateStore.providerClass"
+    before = spark.conf.get(key, None)
+    spark.conf.set(key, STATE_STORE)  # transformWithState needs RocksDB (the job sets it too)
+    try:
+        q = (both.writeStream.foreachBatch(collect).option("checkpointLocation", str(tmp_path / "ckpt"))
+             .trigger(availableNow=True).start())
+        q.awaitTermination(600)
+    finally:
+        if before is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, before)
+    assert q.exception() is None
+    assert got["jvm"] == got["python"]
+    rows = Counter()
+    for c in got["python"].values():
+        rows.update(c)
+    kinds = Counter(r[0] for r in rows.elements())
+    reasons = {r[-1] for r in rows if r[0] == "dead"}
+    fired = {r[1] for r in rows if r[0] in ("detection", "routed")}
+    assert kinds["detection"] > 0 and kinds["routed"] > 0, kinds
+    assert any(x.startswith("late event") for x in reasons), reasons
+    assert any(x.startswith("missing or unparseable timestamp") for x in reasons), reasons
+    assert any(x.startswith("event time more than") for x in reasons), reasons
+    # mean_std of a context holding 2.5e300: (x - mean) ** 2 overflows, the key's rows are dead letters
+    assert any(x.startswith("rule evaluation failed: OverflowError") for x in reasons), reasons
+    assert fired == {d["rule_id"] for d in VELOCITY + CORRELATION}, fired
+    assert len(got["python"]) > 10  # several micro-batches, state and watermark carried over
+
+
+# ------------------------------------------------------------------ Python's float semantics in Java
+
+# Finite doubles of every magnitude; sums of values below 1e300 cannot overflow (CPython's
+# fsum also raises on an intermediate overflow the exact sum avoids; events do not hold
+# values near 1e308).
+_FLOATS = st.floats(allow_nan=False, allow_infinity=False)
+_SUMMANDS = st.floats(min_value=-1e300, max_value=1e300) | st.sampled_from([0.1, 0.2, 0.3, 1e16, -1e16, 5e-324, 1.0])
+
+
+def _py_math(spark):
+    return spark._jvm.ruleplatform.keyed.PyMath
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(x=_FLOATS)
+@example(x=1e16)
+@example(x=1e15)
+@example(x=1e-5)
+@example(x=0.0001)
+@example(x=-0.0)
+@example(x=5e-324)
+@example(x=2.0**-1022)
+@example(x=1.7976931348623157e308)
+@example(x=9007199254740993.0)
+def test_jvm_repr_is_python_repr(spark, x):
+    """The `mean`/`std` of a mean_std context record are json.dumps'd floats."""
+    assert _py_math(spark).repr(x) == repr(x)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(xs=st.lists(_SUMMANDS, max_size=40))
+@example(xs=[1e16, 1.0, -1e16])
+@example(xs=[0.1] * 10)
+def test_jvm_fsum_is_math_fsum(spark, xs):
+    gateway = spark.sparkContext._gateway
+    arr = gateway.new_array(gateway.jvm.double, len(xs))
+    for i, x in enumerate(xs):
+        arr[i] = x
+    got = _py_math(spark).fsum(arr, 0, len(xs))
+    assert got == math.fsum(xs)
+
+
+def test_jvm_fsum_special_values_are_cpythons(spark):
+    gateway = spark.sparkContext._gateway
+
+    def fsum(xs: list[float]) -> float:
+        arr = gateway.new_array(gateway.jvm.double, len(xs))
+        for i, x in enumerate(xs):
+            arr[i] = x
+        return _py_math(spark).fsum(arr, 0, len(xs))
+
+    inf = float("inf")
+    assert fsum([1.0, inf]) == math.fsum([1.0, inf]) == inf
+    assert fsum([-inf, 2.0]) == math.fsum([-inf, 2.0]) == -inf
+    assert math.isnan(fsum([1.0, float("nan")])) and math.isnan(math.fsum([1.0, float("nan")]))
+    with pytest.raises(Exception, match="-inf \\+ inf in fsum"):
+        fsum([inf, -inf])
+    with pytest.raises(ValueError, match="-inf \\+ inf in fsum"):
+        math.fsum([inf, -inf])
