@@ -27,7 +27,7 @@ from spark_jobs.kafka.security import BrokerSecurity
 
 # The job's internal routing topic is created up front too, so it is replicated like
 # the rest instead of being created by the job with whatever the broker defaults to.
-CLUSTER_TOPICS: tuple[str, ...] = (*DEFAULT_TOPICS, "detect.control", "detect.restarts")
+CLUSTER_TOPICS: tuple[str, ...] = (*DEFAULT_TOPICS, "detect.control", "detect.restarts", "detect.routed")
 
 
 class KafkaCluster:

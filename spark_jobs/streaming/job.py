@@ -15,10 +15,8 @@ Plan of one micro-batch:
        transformWithStateInPandas with the bucket's keys and their rules' sub-states
        in one state value, read and written once per batch (processor.py, "python");
        the two write the same rows
-    -> velocity emits for correlation rules (`emit_to_sink: false`): a second stateful
-       operator chained behind the first, in the same micro-batch (`_chain`)
-    -> detections / dead letters, one Kafka write with a per-row topic (sink,
-       dead-letter topic)
+    -> detections / dead letters / routed velocity emits, one Kafka write with a
+       per-row topic (sink, dead-letter topic, internal `detect.routed`)
 
 A rule change is a new plan: when the registry's snapshot changes, the query finishes
 its batch in flight and restarts in this process on the same checkpoint (same query id,
@@ -36,7 +34,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -57,13 +55,7 @@ from spark_jobs.kafka.spark_io import read_stream, write_stream
 from spark_jobs.rules.model import job_watermark_delay_s
 from spark_jobs.streaming.compiled import SKIP_SEP, RuleRow, fan_out, key_rows, read_snapshot, rows_of
 from spark_jobs.streaming.jvm_operator import keyed_operator as jvm_keyed_operator
-from spark_jobs.streaming.processor import (
-    OUTPUT_COLUMNS,
-    OUTPUT_SCHEMA,
-    PASS_GID,
-    DetectionProcessor,
-    Slot,
-)
+from spark_jobs.streaming.processor import OUTPUT_SCHEMA, DetectionProcessor, Slot
 from spark_jobs.streaming.quarantine import OffsetRange, Quarantine, quarantine_reason
 from spark_jobs.streaming.registry import ROUTED_TOPIC, RuleProblem, RuleRegistry
 from spark_jobs.streaming.rules_source import RULE_DEFS
@@ -175,8 +167,8 @@ def _iso(ts: float) -> str:
 
 
 def source_topics(cfg: DetectConfig, rules_topics: list[str]) -> list[str]:
-    """The topics the query subscribes to: those of the rules in force and every topic
-    an earlier run of this checkpoint read.
+    """The topics the query subscribes to: those of the rules in force, the internal
+    routing topic, and every topic an earlier run of this checkpoint read.
 
     The subscription is fixed for a query's life and only grows: Spark's Kafka source
     reports partitions that vanish from a checkpoint's offsets as data loss, so a topic
@@ -186,7 +178,7 @@ def source_topics(cfg: DetectConfig, rules_topics: list[str]) -> list[str]:
     """
     path = cfg.checkpoint / "source_topics.json"
     before = json.loads(path.read_text()) if path.exists() else []
-    topics = sorted(set(before) | set(rules_topics))
+    topics = sorted(set(before) | set(rules_topics) | {ROUTED_TOPIC})
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(topics))
@@ -208,13 +200,16 @@ def _input(spark: SparkSession, cfg: DetectConfig, topics: list[str], min_partit
         options=None if cfg.fail_on_data_loss else {"failOnDataLoss": "false"},
         role=ROLE,
     )
-    # `in_topic`/`route_from` tell the source of a row apart from a routed velocity emit
-    # (the second operator's input, job.py `_chain`), which is an event of its topic too.
+    # Routed velocity emits carry the original topic and arrival position in their key.
+    routed = F.col("topic") == F.lit(ROUTED_TOPIC)
+    key = F.col("key").cast("string")
     return raw.select(
         F.col("topic").alias("in_topic"),
-        F.col("topic"),
-        (F.col("partition").cast("long") * F.lit(1 << 40) + F.col("offset")).alias("seq"),
-        F.lit(None).cast("string").alias("route_from"),
+        F.when(routed, F.get_json_object(key, "$.topic")).otherwise(F.col("topic")).alias("topic"),
+        F.when(routed, F.get_json_object(key, "$.seq").try_cast("long"))
+        .otherwise(F.col("partition").cast("long") * F.lit(1 << 40) + F.col("offset"))
+        .alias("seq"),
+        F.when(routed, F.get_json_object(key, "$.from")).alias("route_from"),
         F.col("value").cast("string").alias("raw"),
         F.unix_millis("timestamp").alias("proc_ms"),
         quarantine_reason(quarantined or []).alias("_quarantine"),
@@ -245,32 +240,39 @@ DEAD_LETTER_RAW_CHARS = 100_000
 
 
 def _records(rows: DataFrame, kind: Column, members: Column, cfg: DetectConfig) -> DataFrame:
-    """Rows with the emit columns, a kind (detection | dead) and a dead letter's reason
-    -> Kafka records (topic, key, value), in one projection.
+    """Rows with the emit columns, a kind (detection | routed | dead) and a dead
+    letter's reason -> Kafka records (topic, key, value), in one projection.
 
     One projection, because a DataFrame under a union is computed once per branch: the
-    stateful operator's output split by kind would be two copies of the operator (each
-    with its own state, every key processed twice), the input split into detections and
-    dead letters two scans of the topics.
+    stateful operator's output split by kind would be three copies of the operator
+    (each with its own state, every key processed three times), the input split into
+    detections and dead letters two scans of the topics.
     """
     raw_bytes = F.octet_length(F.col("raw"))
     too_big = F.coalesce(raw_bytes > F.lit(MAX_RECORD_BYTES), F.lit(False))
     det = kind == F.lit("detection")
+    # A routed event must reach the correlation rules whole; one too big to route is a
+    # dead letter instead.
+    routed = (kind == F.lit("routed")) & ~too_big
+    reason = F.when(kind == F.lit("routed"), F.lit("event too large to route to correlation rules")).otherwise(
+        F.col("reason"))
     did = detection_id(F.col("rule_id"), F.col("rule_version"), F.col("topic"), F.col("raw"))
     cut_event = F.concat(F.lit('{"truncated":true,"event_bytes":'), raw_bytes.cast("string"), F.lit("}"))
     detection = detection_value(F.when(too_big, cut_event).otherwise(F.col("raw")), head_of(rows), members, did)
+    routed_key = F.to_json(F.struct(F.col("rule_id").alias("from"), "topic", "seq"))
     raw_cut = raw_bytes > F.lit(DEAD_LETTER_RAW_CHARS)
     dead_value = F.to_json(
-        F.struct(F.col("reason").alias("reason"), F.col("rule_id").alias("rule_id"), F.col("topic"), F.col("seq"),
+        F.struct(reason.alias("reason"), F.col("rule_id").alias("rule_id"), F.col("topic"), F.col("seq"),
                  F.make_valid_utf8(F.when(raw_cut, F.substring("raw", 1, DEAD_LETTER_RAW_CHARS))
                                    .otherwise(F.col("raw"))).alias("raw"),
                  F.when(raw_cut, raw_bytes).alias("raw_bytes")),
         {"ignoreNullFields": "false"},
     )
     return rows.select(
-        F.when(det, F.lit(cfg.sink_topic)).otherwise(F.lit(cfg.dead_letter_topic)).alias("topic"),
-        F.when(det, F.col("rule_id")).alias("key"),
-        F.when(det, detection).otherwise(dead_value).alias("value"),
+        F.when(det, F.lit(cfg.sink_topic)).when(routed, F.lit(ROUTED_TOPIC))
+        .otherwise(F.lit(cfg.dead_letter_topic)).alias("topic"),
+        F.when(det, F.col("rule_id")).when(routed, routed_key).alias("key"),
+        F.when(det, detection).when(routed, F.col("raw")).otherwise(dead_value).alias("value"),
     )
 
 
@@ -330,44 +332,23 @@ def build(spark: SparkSession, cfg: DetectConfig, watermark_delay_s: float, topi
 
     # Velocity and correlation: the other scan, through the stateful operator (which
     # also dead-letters late rows and event-time rows without a usable timestamp).
-    # Correlation rules fed by a velocity rule (`velocity_filter_rule_id`) are judged by
-    # a second operator chained behind the first, on the velocity rule's emits of the
-    # same micro-batch: those emits never leave the job (DESIGN.md).
-    keyed_rules = [r for r in rules if r.rule_type != "threshold"]
-    fed = {r.rule_id for r in keyed_rules if r.route_from is not None}
-    first = [r for r in keyed_rules if r.rule_id not in fed]
-    second = [r for r in keyed_rules if r.rule_id in fed]
-    delay_ms = int(watermark_delay_s * 1000)
-    max_ahead_ms = max(1_000, delay_ms)
-    defs = str(cfg.state_dir / RULE_DEFS)
-
-    def operator_input(events: DataFrame, rows: list[RuleRow], metric: str,
-                       watermark: bool) -> tuple[DataFrame, list[Slot]]:
-        keyed, slots = key_rows(events, rows, max_ahead_ms=max_ahead_ms, skipped_metric=metric)
-        if watermark:
-            # The job watermark: bounded out-of-orderness over the event times of the
-            # rows' event-time rules (`wm`). The metadata is then projected away so Spark
-            # does not drop late rows silently; the processor dead-letters them instead.
-            keyed = keyed.withColumn("wm_ts", F.timestamp_millis(F.col("wm"))).withWatermark(
-                "wm_ts", f"{delay_ms} milliseconds")
-        return keyed.select(
-            *[c for c in keyed.columns if c not in ("wm", "wm_ts")],
-            F.pmod(F.xxhash64("k"), F.lit(buckets)).cast("int").alias("bucket"),
-        ), slots
-
-    stateful_in, slots = operator_input(raw, first, "skipped_keyed", watermark=True)
+    keyed, slots = keyed_rows(raw, rules, max_ahead_ms=max(1_000, int(watermark_delay_s * 1000)))
+    # The job watermark: bounded out-of-orderness over the event times of the rows'
+    # event-time rules (`wm`). The metadata is then projected away so Spark does not
+    # drop late rows silently; the processor dead-letters them instead.
+    watermarked = keyed.withColumn("wm_ts", F.timestamp_millis(F.col("wm"))).withWatermark(
+        "wm_ts", f"{int(watermark_delay_s * 1000)} milliseconds")
+    stateful_in = watermarked.select(
+        *[c for c in keyed.columns if c != "wm"],
+        F.pmod(F.xxhash64("k"), F.lit(buckets)).cast("int").alias("bucket"),
+    )
+    defs_dir = str(cfg.state_dir / RULE_DEFS)
     if operator == "jvm":
-        out = jvm_keyed_operator(stateful_in, slots, defs)
+        out = jvm_keyed_operator(stateful_in, slots, defs_dir)
     else:
         out = stateful_in.groupBy("gid", "bucket").transformWithStateInPandas(
-            DetectionProcessor(slots, defs), OUTPUT_SCHEMA, "Append", "EventTime"
+            DetectionProcessor(slots, defs_dir), OUTPUT_SCHEMA, "Append", "EventTime"
         )
-    if second:
-        out = _chain(out, raw, second, buckets, defs, operator_input)
-    else:
-        # Emits of a velocity rule with `emit_to_sink: false` that no correlation rule in
-        # force reads (it is disabled or gone) go nowhere (DESIGN.md).
-        out = out.filter(F.col("kind") != F.lit("routed"))
 
     members = F.when(
         F.col("rule_type") == "velocity", velocity_members(F.col("agg_type"), F.col("agg_value"))
@@ -378,48 +359,6 @@ def build(spark: SparkSession, cfg: DetectConfig, watermark_delay_s: float, topi
         )
     )
     return threshold_records.unionByName(_records(out, F.col("kind"), members, cfg))
-
-
-def _chain(first: DataFrame, raw: DataFrame, rows: list[RuleRow], buckets: int, defs: str,
-           operator_input: Callable[..., tuple[DataFrame, list[Slot]]]) -> DataFrame:
-    """The second operator: the correlation rules fed by velocity rules, on the first
-    operator's routed emits of this micro-batch and their context records from the
-    source; the first operator's other output (detections, dead letters) passes through
-    it unchanged, in groups of its own (PASS_GID). It is the Python operator whatever
-    `keyed_operator` says (the pass-through hands pandas column batches back as they
-    came), and it exists only while a rule set has such correlation rules.
-
-    No event-time column links the two (eventTimeColumnName): the second operator runs
-    on the query's watermark (its context branch declares one), and Spark chains the
-    two without it.
-
-    Why everything goes through the second operator: Spark plans a DataFrame that feeds
-    two branches of a streaming query once per branch, and a stateful operator planned
-    twice is two operators with two states (the physical plan of `first` unioned with a
-    second operator over `first` holds three TransformWithStateInPySpark nodes, opId 0,
-    1 and 2), each judging every key: duplicate detections and double the work. The pass
-    is column batches handed back as they came, no per-row Python.
-
-    A routed emit enters as the event it is (its topic and arrival position, so the
-    correlation's detection id is the one the backtest gives) under the internal
-    `ROUTED_TOPIC` label with the velocity rule's id (`route_from`), as compiled.py's
-    routed rule rows expect; it has no broker time of its own (`proc_ms` NULL), and the
-    processor does not judge it late a second time.
-    """
-    emits = first.filter(F.col("kind") == F.lit("routed")).select(
-        F.lit(ROUTED_TOPIC).alias("in_topic"), "topic", "seq", F.col("rule_id").alias("route_from"), "raw",
-        F.lit(None).cast("long").alias("proc_ms"), F.lit(None).cast("string").alias("_quarantine"),
-    )
-    routed, slots = operator_input(classify(emits), rows, "skipped_routed", watermark=False)
-    context, _ = operator_input(raw, rows, "skipped_context", watermark=True)
-    passing = first.filter(F.col("kind") != F.lit("routed")).select(
-        F.lit(PASS_GID).alias("gid"), F.pmod(F.xxhash64("seq"), F.lit(buckets)).cast("int").alias("bucket"),
-        *OUTPUT_COLUMNS,
-    )
-    stateful_in = routed.unionByName(context).unionByName(passing, allowMissingColumns=True)
-    return stateful_in.groupBy("gid", "bucket").transformWithStateInPandas(
-        DetectionProcessor(slots, defs, passes=True), OUTPUT_SCHEMA, "Append", "EventTime"
-    )
 
 
 # ------------------------------------------------------------------------------ status
@@ -508,7 +447,7 @@ class StatusReporter:
     def count_unreadable(self, progress: dict) -> None:
         """Add one batch's observed skipped rows to the per-rule, per-reason totals."""
         metrics = progress.get("observedMetrics") or {}
-        for name in ("skipped_threshold", "skipped_keyed", "skipped_routed", "skipped_context"):
+        for name in ("skipped_threshold", "skipped_keyed"):
             observed = metrics.get(name)  # a pyspark Row (or a dict, from JSON)
             try:
                 rows = (observed["rows"] if observed is not None else None) or []
@@ -610,8 +549,8 @@ def run(cfg: DetectConfig, stop: threading.Event | None = None) -> int:
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
-    admin.create_topics(cfg.bootstrap, [cfg.sink_topic, cfg.dead_letter_topic, cfg.status_topic, cfg.rules_topic],
-                        role=ROLE)
+    admin.create_topics(cfg.bootstrap, [cfg.sink_topic, cfg.dead_letter_topic, cfg.status_topic, ROUTED_TOPIC,
+                                        cfg.rules_topic], role=ROLE)
     dlq = Producer(with_bootstrap(cfg.bootstrap, ROLE))
     registry = RuleRegistry(cfg.bootstrap, cfg.state_dir, cfg.rules_topic, role=ROLE,
                             on_problem=lambda p: report_rule_problem(cfg, dlq, p))

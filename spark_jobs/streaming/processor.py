@@ -124,12 +124,6 @@ OUTPUT_SCHEMA = StructType([
     StructField("reason", StringType()),
 ])
 
-# The second operator's group of rows that only pass through it: the first operator's
-# detections and dead letters, which must reach the sink through the one chain (a
-# stateful operator whose output feeds two branches of a plan runs twice, each copy
-# with its own state: measured, see job.py `_chain`).
-PASS_GID = "\u0000pass"
-
 _RULES: dict[tuple[str, str], tuple[AnyRule, str]] = {}
 _BY_REF: dict[str, tuple[AnyRule, str]] = {}
 
@@ -238,7 +232,6 @@ def _to_row(r: tuple) -> Row:
 
 _ARROW = {StringType(): pa.string(), LongType(): pa.int64(), DoubleType(): pa.float64(), BooleanType(): pa.bool_()}
 _OUT_TYPES = [_ARROW[f.dataType] for f in OUTPUT_SCHEMA.fields]
-OUTPUT_COLUMNS = [f.name for f in OUTPUT_SCHEMA.fields]
 
 
 def _out(kind: str, rule: AnyRule, row: Row, emit: Emit | None = None, reason: str | None = None) -> tuple:
@@ -396,12 +389,9 @@ class DetectionProcessor(StatefulProcessor):
     whole as its `rule_json`.
     """
 
-    def __init__(self, slots: Sequence[Slot], defs_dir: str | None = None, passes: bool = False) -> None:
-        """`passes`: this is the second operator of a chain (job.py `_chain`), and the
-        rows of group PASS_GID are the first operator's output, passed on unchanged."""
+    def __init__(self, slots: Sequence[Slot], defs_dir: str | None = None) -> None:
         self.slots = list(slots)
         self.defs_dir = defs_dir
-        self.passes = passes
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
@@ -477,13 +467,6 @@ class DetectionProcessor(StatefulProcessor):
 
     # -- the API -------------------------------------------------------------------------
     def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any) -> Iterator[pd.DataFrame]:
-        if self.passes and key[0] == PASS_GID:
-            for pdf in rows:  # column batches in, the same out: no row is touched in Python
-                if len(pdf):
-                    out = pdf[OUTPUT_COLUMNS]
-                    out.columns = range(len(OUTPUT_COLUMNS))
-                    yield out
-            return
         by_rule = self._rows_by_rule(rows)
         if not by_rule:
             return

@@ -56,7 +56,6 @@ from spark_jobs.streaming.keyed_logic import (  # noqa: E402
 )
 from spark_jobs.streaming.processor import (  # noqa: E402
     OUTPUT_SCHEMA,
-    PASS_GID,
     DetectionProcessor,
     Slot,
     _column,
@@ -690,28 +689,3 @@ def test_output_frame_gives_spark_nulls_not_nans():
             _out("detection", rule, Row(BASE, 8, raw="{}", topic="t"), Emit(Row(BASE, 8), agg_value=3.0))]
     assert _spark_reads(_frame(rows)) == rows
     assert _spark_reads(_frame(rows))[0][OUTPUT_SCHEMA.names.index("ts_ms")] is None
-
-
-def _arrow_reads(frames: Any, schema: StructType) -> list[tuple]:
-    """Output DataFrames as the JVM receives them under `schema`."""
-    out = []
-    for df in frames:
-        batch = PandasToArrowConversion.convert(df, schema, timezone="UTC", safecheck=True, arrow_cast=True,
-                                                assign_cols_by_name=True)
-        out += [tuple(d.values()) for d in batch.to_pylist()]
-    return out
-
-
-def test_the_second_operator_passes_the_firsts_output_through_unchanged():
-    rule, _ = _rule(json.dumps(parse_rule(VELOCITY[0]).model_dump(mode="json")))
-    rows = [_out("dead", rule, Row(None, 7, raw="{}", topic="t"), reason="late"),  # type: ignore[arg-type]
-            _out("detection", rule, Row(BASE, 8, raw='{"a": 1}', topic="t"), Emit(Row(BASE, 8), agg_value=3.0))]
-    # As the Python worker hands them over: by name, with the operator input's other columns.
-    frame = pd.DataFrame([dict(zip(OUTPUT_SCHEMA.names, r, strict=True)) for r in rows])
-    frame.insert(0, "gid", PASS_GID)
-    frame["k"], frame["m"], frame["t0"] = None, None, np.nan
-    proc = DetectionProcessor([], passes=True)
-    tester = TwsTester(proc, timeMode="EventTime", eventTimeExtractor=lambda r: 1 << 62)
-    tester.handle.setGroupingKey((PASS_GID, 0))
-    got = _arrow_reads(proc.handleInputRows((PASS_GID, 0), iter([frame]), tester._getTimerValues()), OUTPUT_SCHEMA)
-    assert got == rows
