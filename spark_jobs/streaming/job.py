@@ -34,7 +34,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -112,20 +112,32 @@ DEFAULT_KEY_BUCKETS = 4
 BUCKETS_ENV = "DETECT_KEY_BUCKETS"
 
 
+def _recorded(cfg: DetectConfig, name: str, setting: Callable[[], str], check: Callable[[str], None]) -> str:
+    """A choice the checkpoint's state depends on: the value recorded in
+    `CHECKPOINT/name` at the first start wins over a later setting; the first start
+    records `setting()` (after `check`, which also guards a recorded value)."""
+    path = cfg.checkpoint / name
+    recorded = path.exists()
+    value = path.read_text().strip() if recorded else setting()
+    check(value)
+    if not recorded:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(value)
+        tmp.replace(path)
+    return value
+
+
 def key_buckets(cfg: DetectConfig) -> int:
     """The bucket count of this checkpoint: a key's state lives in its bucket, so the
     count recorded at the first start wins over a later setting."""
-    path = cfg.checkpoint / "key_buckets"
-    if path.exists():
-        return int(path.read_text().strip())
-    n = cfg.key_buckets or int(os.environ.get(BUCKETS_ENV) or DEFAULT_KEY_BUCKETS)
-    if n < 1:
-        raise ValueError(f"key buckets must be >= 1, not {n}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(str(n))
-    tmp.replace(path)
-    return n
+
+    def check(v: str) -> None:
+        if int(v) < 1:
+            raise ValueError(f"key buckets must be >= 1, not {v}")
+
+    return int(_recorded(cfg, "key_buckets",
+                         lambda: str(cfg.key_buckets or int(os.environ.get(BUCKETS_ENV) or DEFAULT_KEY_BUCKETS)), check))
 
 
 KeyedOperator = Literal["jvm", "python"]
@@ -138,21 +150,17 @@ def keyed_operator(cfg: DetectConfig) -> KeyedOperator:
     """The keyed operator of this checkpoint: the one recorded at the first start wins
     over a later setting (the other's state layout cannot resume it). A checkpoint from
     before the choice existed (a query ran on it, no record) is the Python one's."""
-    path = cfg.checkpoint / "keyed_operator"
-    if path.exists():
-        chosen = path.read_text().strip()
-    elif (cfg.checkpoint / "query").exists():
-        chosen = "python"
-    else:
-        chosen = cfg.keyed_operator or os.environ.get(KEYED_OPERATOR_ENV) or DEFAULT_KEYED_OPERATOR
-    if chosen not in KEYED_OPERATORS:
-        raise ValueError(f"keyed operator must be one of {KEYED_OPERATORS}, not {chosen!r}")
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(chosen)
-        tmp.replace(path)
-    return chosen  # type: ignore[return-value]
+
+    def setting() -> str:
+        if (cfg.checkpoint / "query").exists():
+            return "python"
+        return cfg.keyed_operator or os.environ.get(KEYED_OPERATOR_ENV) or DEFAULT_KEYED_OPERATOR
+
+    def check(v: str) -> None:
+        if v not in KEYED_OPERATORS:
+            raise ValueError(f"keyed operator must be one of {KEYED_OPERATORS}, not {v!r}")
+
+    return _recorded(cfg, "keyed_operator", setting, check)  # type: ignore[return-value]
 
 
 def _cores(spark: SparkSession) -> int:

@@ -25,7 +25,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from spark_jobs.engine.conditions import value_spec
 from spark_jobs.rules.model import AnyRule, CorrelationRule, VelocityRule
-from spark_jobs.streaming.processor import OUTPUT_SCHEMA, DetectionProcessor, Slot
+from spark_jobs.streaming.processor import OUTPUT_SCHEMA, Slot, slot_rule
 
 OPERATOR_CLASS = "ruleplatform.keyed.KeyedOperator"
 
@@ -71,10 +71,9 @@ def rule_spec(rule: AnyRule, signature: str) -> dict:
 
 def operator_spec(slots: Sequence[Slot], defs_dir: str | None = None) -> str:
     """The slots and their rules as the JVM operator's constructor argument (JSON)."""
-    resolver = DetectionProcessor(slots, defs_dir)
     out = []
     for slot in slots:
-        rule, sig = resolver._rule_of(slot)
+        rule, sig = slot_rule(slot, defs_dir)
         out.append({
             "role": slot.role, "event_time": slot.event_time, "ts_col": slot.ts_col, "far_col": slot.far_col,
             "num_col": slot.num_col, "jv_col": slot.jv_col, "rule": rule_spec(rule, sig),

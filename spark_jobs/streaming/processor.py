@@ -182,6 +182,16 @@ class Slot(NamedTuple):
     jv_col: str | None
 
 
+def slot_rule(slot: Slot, defs_dir: str | None) -> tuple[AnyRule, str]:
+    """The rule a slot names and its state signature: read by reference from `defs_dir`
+    (the job), or given whole (tests, tools). Shared by both keyed operators."""
+    if slot.rule_ref is not None and defs_dir is not None:
+        return _rule_by_ref(defs_dir, slot.rule_ref)
+    if slot.rule_json is None:
+        raise ValueError(f"slot {slot} names its rule by reference and the processor has no defs_dir")
+    return _rule(slot.rule_json)
+
+
 # The columns of every input row: the key group and bucket (the grouping), the key,
 # the slot indexes and the event.
 ROW_COLUMNS = (("k", "obj"), ("m", "obj"), ("topic", "obj"), ("seq", "int"), ("raw", "obj"), ("proc_ms", "int"))
@@ -398,11 +408,7 @@ class DetectionProcessor(StatefulProcessor):
         self.bucket = handle.getValueState("bucket", BUCKET_SCHEMA)
 
     def _rule_of(self, slot: Slot) -> tuple[AnyRule, str]:
-        if slot.rule_ref is not None and self.defs_dir is not None:
-            return _rule_by_ref(self.defs_dir, slot.rule_ref)
-        if slot.rule_json is None:
-            raise ValueError(f"slot {slot} names its rule by reference and the processor has no defs_dir")
-        return _rule(slot.rule_json)
+        return slot_rule(slot, self.defs_dir)
 
     # -- the bucket: its timer and its keys' state, one read and one write ---------------
     def _load(self) -> tuple[int | None, dict[str, dict[str, tuple]]]:

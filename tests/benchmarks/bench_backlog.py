@@ -22,7 +22,6 @@ the same rules on the same events. The script
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import platform
@@ -37,7 +36,7 @@ from confluent_kafka import Producer
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 from bench_backtest import prepare  # noqa: E402
-from bench_python_loop import Engine, detection_id, load_rule_set  # noqa: E402
+from bench_python_loop import Engine, detection_id, load_rule_set, timed_run  # noqa: E402
 from detect_harness import DetectJob  # noqa: E402
 
 from spark_jobs.kafka.admin import create_topics, read_all  # noqa: E402
@@ -109,14 +108,10 @@ def main() -> None:
         # Every batch that read input has written its detections when the next one starts.
         job.batches_after(1, timeout=120)
         job.stop()
-        live = {(json.loads(r.value)["rule_id"], json.loads(r.value)["detection_id"])
-                for r in read_all(broker.bootstrap, "events.processed", timeout=300)}
+        live = {(d["rule_id"], d["detection_id"])
+                for d in (json.loads(r.value) for r in read_all(broker.bootstrap, "events.processed", timeout=300))}
 
-    gc.disable()
-    t, cpu = time.perf_counter(), time.process_time()
-    dets = Engine(rules).run([("events.raw", ev)])
-    loop_s, loop_cpu = time.perf_counter() - t, time.process_time() - cpu
-    gc.enable()
+    dets, loop_s, loop_cpu = timed_run(Engine(rules), [("events.raw", ev)])
     loop = {(d.rule.rule_id, detection_id(d)) for d in dets}
 
     print(f"machine: {platform.machine()} {os.cpu_count()} cores, python {platform.python_version()}, "

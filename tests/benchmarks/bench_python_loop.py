@@ -659,6 +659,20 @@ def load_rule_set(rules_dir: Path) -> list[AnyRule]:
     return [lr.rule for lr in loaded.rules]
 
 
+def timed_run(engine: Engine, inputs: list[tuple[str, Path]], with_gc: bool = False
+              ) -> tuple[list[Detection], float, float]:
+    """The loop over `inputs`: (detections, wall seconds, process CPU seconds). The
+    cyclic collector is off unless `with_gc` (see --with-gc)."""
+    if not with_gc:
+        gc.disable()
+    try:
+        t, cpu = time.perf_counter(), time.process_time()
+        dets = engine.run(inputs)
+        return dets, time.perf_counter() - t, time.process_time() - cpu
+    finally:
+        gc.enable()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--events", type=int, default=1_000_000)
@@ -677,12 +691,7 @@ def main() -> None:
     rules = load_rule_set(work / "rules")
     engine = Engine(rules)
 
-    if not args.with_gc:
-        gc.disable()
-    t, cpu = time.perf_counter(), time.process_time()
-    dets = engine.run([("events.raw", ev), ("context.raw", ctx)])
-    elapsed, cpu = time.perf_counter() - t, time.process_time() - cpu
-    gc.enable()
+    dets, elapsed, cpu = timed_run(engine, [("events.raw", ev), ("context.raw", ctx)], args.with_gc)
 
     kinds = Counter(d.rule.rule_type for d in dets)
     print(f"machine: {platform.machine()} {platform.system()} {os.cpu_count()} cores, "
