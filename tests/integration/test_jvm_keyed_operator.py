@@ -229,6 +229,73 @@ def test_jvm_operator_equals_the_python_processor(spark, tmp_path: Path):
     assert len(got["python"]) > 10  # several micro-batches, state and watermark carried over
 
 
+def _run_availably(spark, stream, tmp_path: Path) -> list[dict]:
+    """Run `stream` to a noop sink over all its input (one file a batch) with the job's
+    state store; the query's progress per batch."""
+    key = "spark.sql.streaming.stateStore.providerClass"
+    before = spark.conf.get(key, None)
+    spark.conf.set(key, STATE_STORE)
+    try:
+        q = (stream.writeStream.format("noop").option("checkpointLocation", str(tmp_path / "ckpt"))
+             .trigger(availableNow=True).start())
+        q.awaitTermination(600)
+    finally:
+        if before is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, before)
+    assert q.exception() is None
+    return q.recentProgress
+
+
+def test_jvm_operator_state_goes_back_down_when_short_lived_keys_come_and_go(spark, tmp_path: Path):
+    """The default live operator's state store, as Spark reports it (numRowsTotal): 40
+    micro-batches of 100 new keys each, every key seen in one batch only, for an
+    event-time and a processing-time velocity rule. Event-time sub-states expire by the
+    bucket's timer once the watermark passes them; processing-time ones are swept when
+    newer rows of their rule reach their bucket. 4,000 keys come and go; the store holds
+    a batch or two's worth at any time, however many keys came before."""
+    from pyspark.sql import functions as F
+
+    rules = [_velocity("v_event", "count", 2, 5, watermark_delay=1),
+             _velocity("v_proc", "count", 2, 5, time_mode="processing_time", timestamp_field=None)]
+    slots = []
+    for i, d in enumerate(rules):
+        event_time = d.get("time_mode") != "processing_time"
+        slots.append(Slot(None, json.dumps(parse_rule(d).model_dump(mode="json")), "source", event_time,
+                          f"t{i}" if event_time else "proc_ms", f"a{i}" if event_time else None, f"n{i}", f"j{i}"))
+    schema = _schema(slots)
+    names = [c.split()[0] for c in schema.split(", ")]
+    src = tmp_path / "in"
+    src.mkdir()
+    per_batch, n_batches, seq = 100, 40, 0
+    for b in range(n_batches):
+        rows = []
+        for j in range(per_batch):
+            ts = BASE + b * 10_000 + j
+            for _ in range(2):
+                seq += 1
+                rows.append({"gid": "user", "k": f'"b{b}_{j}"', "m": "0,1", "topic": "t", "seq": seq,
+                             "raw": json.dumps({"seq": seq}), "proc_ms": ts, "wm": ts, "t0": ts})
+        df = spark.createDataFrame([{c: r.get(c) for c in names} for r in rows], schema)
+        df.coalesce(1).write.parquet(str(tmp_path / "stage" / str(b)))
+        next((tmp_path / "stage" / str(b)).glob("part-*.parquet")).rename(src / f"{b:04d}.parquet")
+
+    keyed = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(str(src))
+    watermarked = keyed.withColumn("wm_ts", F.timestamp_millis(F.col("wm"))).withWatermark("wm_ts", "1000 milliseconds")
+    stateful_in = watermarked.select(*[c for c in keyed.columns if c != "wm"],
+                                     F.pmod(F.xxhash64("k"), F.lit(3)).cast("int").alias("bucket"))
+    progress = _run_availably(spark, keyed_operator(stateful_in, slots), tmp_path)
+
+    sizes = [p["stateOperators"][0]["numRowsTotal"] for p in progress if p["stateOperators"]]
+    one_batch = per_batch * len(rules)  # sub-states a batch's keys leave behind
+    assert len(sizes) >= n_batches
+    assert max(sizes) >= one_batch  # a batch's keys were held...
+    assert max(sizes) < 3 * one_batch + 10, sizes  # ...and never much more (8,000 sub-states were made)
+    assert any(b < a for a, b in zip(sizes, sizes[1:], strict=False)), sizes  # the store went back down
+    assert max(sizes[-10:]) <= max(sizes[:10]), sizes  # flat, not growing with the keys seen
+
+
 # ------------------------------------------------------------------ Python's float semantics in Java
 
 # Finite doubles of every magnitude; sums of values below 1e300 cannot overflow (CPython's
