@@ -1,6 +1,7 @@
 """The floor under the live job: the same plumbing with no rules at all.
 
     python tests/benchmarks/bench_live_floor.py [--rate 20000] [--seconds 30] [--stateful | --jvm-rules]
+    python tests/benchmarks/bench_live_floor.py --jvm-rules --backlog 300000 [--keep DIR]
 
 What the detection job cannot avoid on this machine, measured the way bench_detect.py
 measures the job (same producer, same latency from produce to the record on the sink
@@ -23,6 +24,13 @@ once with the threshold rules it passes, and latency is measured on those record
 in the query that also runs the aggregation. Update output mode; no
 correlation, no dead letters, no routing. Where this misses a target, the target is
 beyond what Spark's own operators and connector do on this machine.
+
+`--backlog N`: the floor under bench_backlog.py's target instead of the live one. The
+query is started and warmed on a few events; then bench_backtest.py's N events (the
+file bench_backlog.py drains, event-time ordered, 20k users) are produced at once, and
+the drain is timed from the first record sent to the end of the batch that read the
+last one (the query's own progress: input rows summed over batches). Records carry no
+`sent_ms`, so no latency is printed; `value` falls back to the raw event.
 """
 
 from __future__ import annotations
@@ -92,7 +100,7 @@ def jvm_rules(events):  # noqa: ANN001, ANN201 - pyspark DataFrames, imported la
     # Every event once, with the threshold rules it passes (the latency is measured per
     # event record, as in the other modes).
     threshold = typed.select(F.concat(
-        F.lit('{"sent_ms":'), F.col("sent_ms").cast("string"), F.lit(',"rules":"'), F.concat_ws(",", *tests),
+        F.lit('{"sent_ms":'), F.coalesce(F.col("sent_ms").cast("string"), F.lit("null")), F.lit(',"rules":"'), F.concat_ws(",", *tests),
         F.lit('","event":'), "raw", F.lit("}")).alias("value"))
     window = f"{min(velocity_window_s(i) for i in range(len(VELOCITY_AGGS)))} seconds"
     velocity = typed.filter(F.col("type") != F.lit("view")).withWatermark("ts", "5 seconds") \
@@ -102,6 +110,36 @@ def jvm_rules(events):  # noqa: ANN001, ANN201 - pyspark DataFrames, imported la
             F.approx_count_distinct("merchant").alias("d"), F.max("sent_ms").alias("newest_sent_ms")) \
         .select(F.to_json(F.struct("user_id", "n", "s", "a", "lo", "hi", "d", "newest_sent_ms")).alias("value"))
     return threshold.unionByName(velocity)
+
+
+def input_rows(query) -> int:  # noqa: ANN001 - a pyspark StreamingQuery
+    """Rows the query has read, summed over the batches it still reports (100 by default;
+    the backlog takes a handful)."""
+    return sum(p["numInputRows"] for p in query.recentProgress)
+
+
+def drain_backlog(query, bootstrap: str, args: argparse.Namespace) -> None:  # noqa: ANN001
+    """Warm the query, produce the backlog at once and time until the query has read it."""
+    from bench_backlog import produce_file
+    from bench_backtest import prepare
+
+    _, ev, _ = prepare(args.keep, args.backlog, "bench-floor-backlog-")
+    produce_events(bootstrap, 1000, 2, args.users)
+    while input_rows(query) < 2000:
+        time.sleep(0.2)
+    time.sleep(2)
+    before = input_rows(query)
+    start = time.time()
+    n, produced_s = produce_file(bootstrap, ev)
+    while input_rows(query) < before + n and time.time() - start < 1800:
+        time.sleep(0.1)
+    drain_s = time.time() - start
+    print(f"machine: {platform.machine()} {os.cpu_count()} cores, python {platform.python_version()}, Spark local[2], "
+          f"trigger {args.trigger_ms} ms, max offsets per trigger {args.max_offsets}, "
+          f"{'the rules as Spark own JVM operators' if args.jvm_rules else 'no rules'}, "
+          f"load average {os.getloadavg()[0]:.1f}")
+    print(f"produced {n} records in {produced_s:.1f}s; drained (every record read and written) after "
+          f"{drain_s:.1f}s -> {n / drain_s:,.0f} events/s")
 
 
 def main() -> None:
@@ -115,6 +153,9 @@ def main() -> None:
     ap.add_argument("--conf", action="append", default=[], help="extra Spark setting KEY=VALUE (repeatable)")
     ap.add_argument("--jvm-rules", action="store_true",
                     help="the bench's threshold and velocity rules as Spark's own JVM operators (module docstring)")
+    ap.add_argument("--backlog", type=int, help="drain N backlog events instead of a live rate (module docstring)")
+    ap.add_argument("--keep", type=Path, help="with --backlog: use/generate the events in DIR (bench_backtest layout)")
+    ap.add_argument("--max-offsets", type=int, default=100_000, help="maxOffsetsPerTrigger (the job's default)")
     args = ap.parse_args()
     from pyspark.sql import functions as F
 
@@ -129,7 +170,8 @@ def main() -> None:
         extra = {"spark.sql.streaming.stateStore.providerClass": STATE_STORE,
                  **dict(c.split("=", 1) for c in args.conf)}
         spark = session("live-floor", extra=extra)
-        raw = read_stream(spark, broker.bootstrap, ["events.raw"], max_offsets_per_trigger=100_000, min_partitions=4)
+        raw = read_stream(spark, broker.bootstrap, ["events.raw"], max_offsets_per_trigger=args.max_offsets,
+                          min_partitions=4)
         events = classify(raw.select(F.col("value").cast("string").alias("raw")))
         out = events.select(F.col("raw").alias("value"), F.to_json(field(F.col("v"), "user_id")).alias("k"))
         if args.stateful:
@@ -150,6 +192,11 @@ def main() -> None:
             .trigger(processingTime=f"{args.trigger_ms} milliseconds")
             .start()
         )
+        if args.backlog:
+            drain_backlog(query, broker.bootstrap, args)
+            query.stop()
+            spark.stop()
+            return
         lat: list[float] = []
         stop = threading.Event()
         consumer = threading.Thread(target=consume_latencies, args=(broker.bootstrap, stop, lat), daemon=True)
