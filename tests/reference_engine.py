@@ -303,6 +303,8 @@ def _evaluate_velocity(
             window = [e for e in ordered[: index + 1] if e.ts > current.ts - rule.window_ms]
             value = _aggregate(rule.aggregation_type, [e.value for e in window])
             at_or_above = value >= rule.threshold
+            if len(window) == 1:
+                previous = None  # the window had emptied: a new episode (README, last_event)
             if rule.emit_mode == "all_events":
                 fire = at_or_above
             else:  # last_event: one emit per crossing observed at an event

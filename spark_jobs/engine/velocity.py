@@ -160,14 +160,18 @@ def _aggregate(i: int, rule: VelocityRule) -> Column:
 
 def _fires(i: int, rule: VelocityRule) -> Column:
     """Whether rule i emits at this event, per its emit_mode. `last_event` compares with
-    the aggregation at the key's previous event that entered this rule."""
+    the aggregation at the key's previous event that entered this rule, while that event
+    is in this one's window: once the window has emptied, the key starts a new episode
+    (the live job has dropped the key's state by then; README, "last_event")."""
     agg, q = F.col(f"_a{i}"), F.col(f"_q{i}")
     above = q & (agg >= F.lit(float(rule.threshold)))
     if rule.emit_mode == "all_events":
         return above
     before = Window.partitionBy("k").orderBy("ts_ms", "seq").rowsBetween(Window.unboundedPreceding, -1)
     prev = F.last(F.when(q, agg), ignorenulls=True).over(before)
-    return above & (prev.isNull() | (prev < F.lit(float(rule.threshold))))
+    prev_ts = F.last(F.when(q, F.col("ts_ms")), ignorenulls=True).over(before)
+    new_episode = prev.isNull() | (prev_ts <= F.col("ts_ms") - F.lit(rule.window_ms))
+    return above & (new_episode | (prev < F.lit(float(rule.threshold))))
 
 
 def _fired(events: DataFrame, rules: list[VelocityRule], fields: Fields) -> DataFrame:

@@ -118,11 +118,18 @@ def velocity_step(rule: VelocityRule, state: VelocityState, rows: Iterable[Row])
     thr = float(rule.threshold)
     every = rule.emit_mode == "all_events"
     prev = state.prev_above
-    for row, agg in zip(rows, aggs, strict=True):
+    # The key's newest event so far; when it is out of an event's window, the window had
+    # emptied and the key's previous evaluation no longer counts (a new episode): what
+    # dropping an expired key's state gives, decided the same for the backtest (README).
+    newest = old[-1] if old else None
+    for row, t, agg in zip(rows, ts, aggs, strict=True):
+        if newest is None or newest <= t - w:
+            prev = None
         above = agg >= thr
         if above and (every or not prev):
             emits.append(Emit(row, agg_value=agg))
         prev = above
+        newest = t if newest is None else max(newest, t)
     state.prev_above = prev
     _insert(state, ts, num, jv)
     return emits

@@ -149,12 +149,17 @@ def main() -> None:  # noqa: PLR0915 - one plan, written out in full on purpose
 
     aggs = moving.filter(F.col("user_id").isNotNull()).select(
         "topic", "raw", "ts", "user_id", *[agg(i).alias(f"a{i}") for i in grouped]
-    ).select("*", *[F.lag(f"a{i}").over(by_user).alias(f"p{i}") for i in grouped])
-    def crossed(a: Column, prev: Column, threshold: float) -> Column:
-        """`last_event`: above the threshold where the key's previous event was not."""
-        return (a >= threshold) & (prev.isNull() | (prev < threshold))
+    ).select("*", *[F.lag(f"a{i}").over(by_user).alias(f"p{i}") for i in grouped],
+             F.lag("ts").over(by_user).alias("pt"))
 
-    fires = matching([crossed(F.col(f"a{i}"), F.col(f"p{i}"), VELOCITY_THRESHOLDS[VELOCITY_AGGS[i]]) for i in grouped])
+    def crossed(a: Column, prev: Column, threshold: float, window_s: int) -> Column:
+        """`last_event`: above the threshold where the key's previous event was not, or
+        is out of the window (a new episode)."""
+        return (a >= threshold) & (prev.isNull() | (prev < threshold)
+                                   | (F.col("pt") <= F.col("ts") - F.lit(window_s * 1000)))
+
+    fires = matching([crossed(F.col(f"a{i}"), F.col(f"p{i}"), VELOCITY_THRESHOLDS[VELOCITY_AGGS[i]],
+                              velocity_window_s(i)) for i in grouped])
     values = F.array(*[F.col(f"a{i}") for i in grouped])
     fired = explode_matching(aggs.select("topic", "raw", "ts", fires.alias("m"), values.alias("values")),
                              F.col("m"), ["topic", "raw", "ts", "values"], "j")
@@ -166,7 +171,8 @@ def main() -> None:  # noqa: PLR0915 - one plan, written out in full on purpose
     global_ms = velocity_window_s(GLOBAL_VELOCITY) * 1000
     upto_low = F.count(F.lit(1)).over(everyone.rangeBetween(Window.unboundedPreceding, -global_ms))
     glob = moving.select("topic", "raw", "ts", (F.row_number().over(everyone) - upto_low).alias("a"))
-    glob_fired = glob.withColumn("p", F.lag("a").over(everyone)).filter(crossed(F.col("a"), F.col("p"), GLOBAL_THRESHOLD))
+    glob_fired = glob.withColumn("p", F.lag("a").over(everyone)).withColumn("pt", F.lag("ts").over(everyone)).filter(
+        crossed(F.col("a"), F.col("p"), GLOBAL_THRESHOLD, velocity_window_s(GLOBAL_VELOCITY)))
     members = F.concat(F.lit(',"aggregation_value":'), F.col("a").cast("string"))
     per_user = rendered(fired, F.format_string("vel_%d", "i"), members)
     velocity = per_user.unionByName(rendered(glob_fired, F.lit(f"vel_{GLOBAL_VELOCITY}"), members))

@@ -324,6 +324,8 @@ class VelocityPlan:
             raise SystemExit(f"{self.rule.rule_id}: key {k!r} goes back in time ({t} after {items[-1][0]}); "
                              "this loop needs each key's events in time order")
         lo = t - self.window_ms
+        if items and items[-1][0] <= lo:
+            w.prev_above = False  # the window had emptied: a new episode (README, last_event)
         if kind == "count":
             while items and items[0][0] <= lo:
                 items.popleft()

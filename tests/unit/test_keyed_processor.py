@@ -93,6 +93,9 @@ def _ref_velocity_step(rule: VelocityRule, window: list[Row], prev_above: bool |
     """Each event against its key's window filtered by time: the definition."""
     emits = []
     for row in rows:
+        newest = max((e.ts for e in window), default=None)
+        if newest is None or newest <= row.ts - rule.window_ms:
+            prev_above = None  # the key's window had emptied: a new episode
         window.append(row)
         agg = _aggregate(rule.aggregation_type, [e for e in window if row.ts - rule.window_ms < e.ts <= row.ts])
         above = agg >= float(rule.threshold)

@@ -319,6 +319,24 @@ def test_last_event_drop_not_observed_at_an_event_does_not_count() -> None:
     assert seqs(evaluate([rule], s.events)) == [2]
 
 
+def test_last_event_a_window_that_emptied_starts_a_new_episode() -> None:
+    """The key's previous event counts for `last_event` only while it is in the window:
+    after a gap of a window or more, the next crossing emits again (README), which is
+    what the live job gives once it has dropped the key's state."""
+    rule = velocity(aggregation_type="min", aggregation_field="amount", threshold=100)
+    s = Stream()
+    for offset, amount in ((0, 150), (3, 120), (13, 200), (14, 50), (15, 300), (40, 110)):
+        s.add("events.raw", {"ts": T0 + offset, "amount": amount})
+    # min over (t - 10 s, t]: 150 (emit), 120, 200 alone after a 10 s gap (emit: the
+    # window at 13 s holds nothing earlier), 50 (drop observed), 50, 110 alone (emit).
+    assert seqs(evaluate([rule], s.events)) == [1, 3, 6]
+    # A gap just short of the window keeps the previous event: no new episode.
+    s2 = Stream()
+    for offset, amount in ((0, 150), (9.999, 120)):
+        s2.add("events.raw", {"ts": T0 + offset, "amount": amount})
+    assert seqs(evaluate([rule], s2.events)) == [1]
+
+
 def test_prefilter_and_missing_fields_do_not_enter_nor_count_as_previous() -> None:
     rule = velocity(
         threshold=2,

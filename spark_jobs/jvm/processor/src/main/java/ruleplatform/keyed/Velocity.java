@@ -67,8 +67,17 @@ final class Velocity {
         int lo = 0;
         int hi = 0; // next index to enter
         Boolean prev = st.prevAbove;
+        // The key's newest event so far (keyed_logic.velocity_step): out of an event's
+        // window, the window had emptied and the previous evaluation no longer counts.
+        boolean seen = m > 0;
+        long newest = seen ? old[m - 1] : 0L;
         for (int i = 0; i < n; i++) {
             long t = ts[pos[i]];
+            if (!seen || newest <= t - size) {
+                prev = null;
+            }
+            newest = seen ? Math.max(newest, t) : t;
+            seen = true;
             while (hi <= pos[i]) {
                 w.enter(hi++);
             }
