@@ -40,7 +40,7 @@ DEFAULT_TOPICS: tuple[str, ...] = (
 # Everything the platform creates at start. Under ACLs (the default of `rulectl up` and
 # `rulectl broker`) no client but the admin may create topics, so the job's internal and
 # control topics are created with the others, by the broker's admin.
-PLATFORM_TOPICS: tuple[str, ...] = (*DEFAULT_TOPICS, "detect.routed", "detect.control", "detect.restarts")
+PLATFORM_TOPICS: tuple[str, ...] = (*DEFAULT_TOPICS, "detect.control", "detect.restarts")
 
 # Control topics hold one logical stream whose order matters across keys (the rule set,
 # the job's status), so they always get one partition whatever `partitions` says.
@@ -61,7 +61,6 @@ TOPIC_CONFIGS: dict[str, dict[str, str]] = {
     "context.raw": {"retention.ms": str(7 * _DAY_MS)},
     "events.processed": {"retention.ms": str(7 * _DAY_MS)},
     "events.deadletter": {"retention.ms": str(30 * _DAY_MS)},
-    "detect.routed": {"retention.ms": str(1 * _DAY_MS)},
 }
 
 JAVA_ENV = "RULES_JAVA"

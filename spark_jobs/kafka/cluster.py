@@ -25,9 +25,9 @@ from spark_jobs.kafka.admin import create_topics
 from spark_jobs.kafka.broker import DEFAULT_TOPICS, BrokerError, EmbeddedBroker, new_cluster_id, topic_specs
 from spark_jobs.kafka.security import BrokerSecurity
 
-# The job's internal routing topic is created up front too, so it is replicated like
-# the rest instead of being created by the job with whatever the broker defaults to.
-CLUSTER_TOPICS: tuple[str, ...] = (*DEFAULT_TOPICS, "detect.control", "detect.restarts", "detect.routed")
+# The control topics are created up front too, so they are replicated like
+# the rest instead of being created with whatever the broker defaults to.
+CLUSTER_TOPICS: tuple[str, ...] = (*DEFAULT_TOPICS, "detect.control", "detect.restarts")
 
 
 class KafkaCluster:

@@ -25,7 +25,7 @@ from pyspark.sql import functions as F
 from spark_jobs.engine.conditions import compare_spec
 from spark_jobs.engine.values import Fields, FieldValue, extract_paths
 from spark_jobs.rules.model import parse_rule
-from spark_jobs.streaming.processor import Slot
+from spark_jobs.streaming.processor import PASS_GID, Slot
 from spark_jobs.streaming.rules_source import Cond, RuleRow, rule_rows
 
 
@@ -257,7 +257,8 @@ def key_group(r: RuleRow) -> str:
 
 
 def key_rows(events: DataFrame, rows: Sequence[RuleRow], max_ahead_ms: int = 5_000,
-             skipped_metric: str | Observation = "skipped_keyed") -> tuple[DataFrame, list[Slot]]:
+             skipped_metric: str | Observation = "skipped_keyed",
+             passing: str | None = None) -> tuple[DataFrame, list[Slot]]:
     """The stateful operator's input: one row per (event, key group with a rule the
     event enters), and the slots (per rule row, by its index) that say how to read it.
 
@@ -278,8 +279,15 @@ def key_rows(events: DataFrame, rows: Sequence[RuleRow], max_ahead_ms: int = 5_0
     path, regrouping, the event's text on every row) held the job down; the rules on
     one key are evaluated together instead (processor.py). Records that are not events
     (`_reason` set) are left out: the threshold branch dead-letters them.
+
+    `passing` names a struct column of `events`: a row where it is set is no event but
+    a row to carry through unchanged (one output row, gid PASS_GID, the struct in the
+    column of that name, NULL on the key rows). The chained second operator's input is
+    made so (job.py `_chain`): the first operator's output must reach it in one branch,
+    or Spark would plan the first operator twice.
     """
-    events = events.filter(F.col("_reason").isNull())
+    carried = F.col(passing).isNotNull() if passing else None
+    events = events.filter(F.col("_reason").isNull() if carried is None else F.col("_reason").isNull() | carried)
     ts_paths = sorted({r.ts_path for r in rows if r.ts_path})
     val_paths = sorted({r.val_path for r in rows if r.val_path})
     events, fields = extract_paths(events, _needs(rows), set(ts_paths), to_json_path=str)
@@ -398,10 +406,15 @@ def key_rows(events: DataFrame, rows: Sequence[RuleRow], max_ahead_ms: int = 5_0
         groups = F.when(source(r0), arr) if groups is None else groups.when(source(r0), arr)
     if groups is None:  # no keyed rules: one struct per event with no rule, filtered out below
         groups = F.array(group_struct("", []))
+    if carried is not None:
+        groups = F.when(carried, F.array(group_struct(PASS_GID, []))).otherwise(groups)
     # Observed per micro-batch, per event (the rows below are per key group).
     skipped = F.flatten(F.collect_list(F.when(F.col("_skips") != F.lit(""), F.split(F.col("_skips"), SKIPS_SEP))))
     events = events.observe(skipped_metric, skipped.alias("rows"))
-    exploded = events.select("topic", "seq", "raw", "proc_ms", F.explode(groups).alias("_g"))
-    out = exploded.filter((F.col("_g.m") != F.lit("")) & F.col("_g.k").isNotNull()).select(
-        "_g.gid", "_g.k", "_g.m", "topic", "seq", "raw", "proc_ms", "_g.wm", *[f"_g.{c}" for c, _ in value_cols])
+    kept = [passing] if passing else []
+    exploded = events.select("topic", "seq", "raw", "proc_ms", *kept, F.explode(groups).alias("_g"))
+    entered = (F.col("_g.m") != F.lit("")) & F.col("_g.k").isNotNull()
+    out = exploded.filter(entered if carried is None else entered | carried).select(
+        "_g.gid", "_g.k", "_g.m", "topic", "seq", "raw", "proc_ms", "_g.wm", *[f"_g.{c}" for c, _ in value_cols],
+        *kept)
     return out, slots

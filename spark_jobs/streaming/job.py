@@ -15,8 +15,18 @@ Plan of one micro-batch:
        transformWithStateInPandas with the bucket's keys and their rules' sub-states
        in one state value, read and written once per batch (processor.py, "python");
        the two write the same rows
-    -> detections / dead letters / routed velocity emits, one Kafka write with a
-       per-row topic (sink, dead-letter topic, internal `detect.routed`)
+    -> the second keyed operator, chained behind the first in every plan (`_chain`):
+       correlation rules fed by a velocity rule (`velocity_filter_rule_id`) judge that
+       rule's emits (`emit_to_sink: false`) of the same micro-batch, with their context
+       records from a third scan of the input; the first operator's detections and dead
+       letters pass through it
+    -> detections / dead letters, one Kafka write with a per-row topic (sink,
+       dead-letter topic)
+
+Every plan has the same shape whatever the rules (three references to the one Kafka
+source, two stateful operators), because a query restarted on its checkpoint must
+name the same sources and operators: a chain that came and went with the fed
+correlation rules was refused by the checkpoint at the next rule change.
 
 A rule change is a new plan: when the registry's snapshot changes, the query finishes
 its batch in flight and restarts in this process on the same checkpoint (same query id,
@@ -47,7 +57,7 @@ from pyspark.sql.streaming import StreamingQuery
 
 from spark_jobs.engine.correlation import correlation_members
 from spark_jobs.engine.detections import detection_id, detection_value, head_of
-from spark_jobs.engine.events import classify
+from spark_jobs.engine.events import classify, parse_variant, with_reasons
 from spark_jobs.engine.velocity import velocity_members
 from spark_jobs.kafka import admin
 from spark_jobs.kafka.client_config import with_bootstrap
@@ -55,7 +65,14 @@ from spark_jobs.kafka.spark_io import read_stream, write_stream
 from spark_jobs.rules.model import job_watermark_delay_s
 from spark_jobs.streaming.compiled import SKIP_SEP, RuleRow, fan_out, key_rows, read_snapshot, rows_of
 from spark_jobs.streaming.jvm_operator import keyed_operator as jvm_keyed_operator
-from spark_jobs.streaming.processor import OUTPUT_SCHEMA, DetectionProcessor, Slot
+from spark_jobs.streaming.processor import (
+    CHAINED_SCHEMA,
+    OUTPUT_COLUMNS,
+    OUTPUT_SCHEMA,
+    PASS_GID,
+    DetectionProcessor,
+    Slot,
+)
 from spark_jobs.streaming.quarantine import OffsetRange, Quarantine, quarantine_reason
 from spark_jobs.streaming.registry import ROUTED_TOPIC, RuleProblem, RuleRegistry
 from spark_jobs.streaming.rules_source import RULE_DEFS
@@ -174,9 +191,36 @@ def _iso(ts: float) -> str:
 # ------------------------------------------------------------------------------ the plan
 
 
+# The plan's shape (job.py `build`), recorded per checkpoint: a checkpoint written by
+# another shape has other sources and stateful operators, which Spark would refuse or,
+# worse, read into the wrong operator. "chain-1": three source references, two keyed
+# operators, no detect.routed topic. A checkpoint from before the record existed (a
+# query ran on it) was written by the single operator that routed through Kafka.
+PLAN_LAYOUT = "chain-1"
+OLD_PLAN_LAYOUT = "routed-topic"
+
+
+def plan_layout(cfg: DetectConfig) -> str:
+    """Fails (ValueError, before anything is started) on a checkpoint of another plan
+    layout: starting on it would not resume its state."""
+
+    def setting() -> str:
+        return OLD_PLAN_LAYOUT if (cfg.checkpoint / "query").exists() else PLAN_LAYOUT
+
+    def check(v: str) -> None:
+        if v != PLAN_LAYOUT:
+            raise ValueError(
+                f"checkpoint {cfg.checkpoint} was written by the plan layout {v!r} and this job runs {PLAN_LAYOUT!r} "
+                "(velocity emits for correlation judged in the job, no detect.routed topic): its state and offsets "
+                "cannot be resumed; start on a new checkpoint (a new --checkpoint path), which reads the topics "
+                "from --starting-offsets")
+
+    return _recorded(cfg, "plan_layout", setting, check)
+
+
 def source_topics(cfg: DetectConfig, rules_topics: list[str]) -> list[str]:
-    """The topics the query subscribes to: those of the rules in force, the internal
-    routing topic, and every topic an earlier run of this checkpoint read.
+    """The topics the query subscribes to: those of the rules in force and every topic
+    an earlier run of this checkpoint read.
 
     The subscription is fixed for a query's life and only grows: Spark's Kafka source
     reports partitions that vanish from a checkpoint's offsets as data loss, so a topic
@@ -186,7 +230,7 @@ def source_topics(cfg: DetectConfig, rules_topics: list[str]) -> list[str]:
     """
     path = cfg.checkpoint / "source_topics.json"
     before = json.loads(path.read_text()) if path.exists() else []
-    topics = sorted(set(before) | set(rules_topics) | {ROUTED_TOPIC})
+    topics = sorted(set(before) | set(rules_topics))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(topics))
@@ -208,16 +252,13 @@ def _input(spark: SparkSession, cfg: DetectConfig, topics: list[str], min_partit
         options=None if cfg.fail_on_data_loss else {"failOnDataLoss": "false"},
         role=ROLE,
     )
-    # Routed velocity emits carry the original topic and arrival position in their key.
-    routed = F.col("topic") == F.lit(ROUTED_TOPIC)
-    key = F.col("key").cast("string")
+    # `in_topic`/`route_from` tell a record of the source from a velocity emit routed to
+    # correlation rules (the second operator's input, `_chain`), an event of its topic too.
     return raw.select(
         F.col("topic").alias("in_topic"),
-        F.when(routed, F.get_json_object(key, "$.topic")).otherwise(F.col("topic")).alias("topic"),
-        F.when(routed, F.get_json_object(key, "$.seq").try_cast("long"))
-        .otherwise(F.col("partition").cast("long") * F.lit(1 << 40) + F.col("offset"))
-        .alias("seq"),
-        F.when(routed, F.get_json_object(key, "$.from")).alias("route_from"),
+        F.col("topic"),
+        (F.col("partition").cast("long") * F.lit(1 << 40) + F.col("offset")).alias("seq"),
+        F.lit(None).cast("string").alias("route_from"),
         F.col("value").cast("string").alias("raw"),
         F.unix_millis("timestamp").alias("proc_ms"),
         quarantine_reason(quarantined or []).alias("_quarantine"),
@@ -248,39 +289,32 @@ DEAD_LETTER_RAW_CHARS = 100_000
 
 
 def _records(rows: DataFrame, kind: Column, members: Column, cfg: DetectConfig) -> DataFrame:
-    """Rows with the emit columns, a kind (detection | routed | dead) and a dead
-    letter's reason -> Kafka records (topic, key, value), in one projection.
+    """Rows with the emit columns, a kind (detection | dead) and a dead letter's reason
+    -> Kafka records (topic, key, value), in one projection.
 
     One projection, because a DataFrame under a union is computed once per branch: the
-    stateful operator's output split by kind would be three copies of the operator
-    (each with its own state, every key processed three times), the input split into
-    detections and dead letters two scans of the topics.
+    stateful operators' output split by kind would be two copies of the chain (each
+    with its own state, every key processed twice), the input split into detections
+    and dead letters two scans of the topics.
     """
     raw_bytes = F.octet_length(F.col("raw"))
     too_big = F.coalesce(raw_bytes > F.lit(MAX_RECORD_BYTES), F.lit(False))
     det = kind == F.lit("detection")
-    # A routed event must reach the correlation rules whole; one too big to route is a
-    # dead letter instead.
-    routed = (kind == F.lit("routed")) & ~too_big
-    reason = F.when(kind == F.lit("routed"), F.lit("event too large to route to correlation rules")).otherwise(
-        F.col("reason"))
     did = detection_id(F.col("rule_id"), F.col("rule_version"), F.col("topic"), F.col("raw"))
     cut_event = F.concat(F.lit('{"truncated":true,"event_bytes":'), raw_bytes.cast("string"), F.lit("}"))
     detection = detection_value(F.when(too_big, cut_event).otherwise(F.col("raw")), head_of(rows), members, did)
-    routed_key = F.to_json(F.struct(F.col("rule_id").alias("from"), "topic", "seq"))
     raw_cut = raw_bytes > F.lit(DEAD_LETTER_RAW_CHARS)
     dead_value = F.to_json(
-        F.struct(reason.alias("reason"), F.col("rule_id").alias("rule_id"), F.col("topic"), F.col("seq"),
+        F.struct(F.col("reason").alias("reason"), F.col("rule_id").alias("rule_id"), F.col("topic"), F.col("seq"),
                  F.make_valid_utf8(F.when(raw_cut, F.substring("raw", 1, DEAD_LETTER_RAW_CHARS))
                                    .otherwise(F.col("raw"))).alias("raw"),
                  F.when(raw_cut, raw_bytes).alias("raw_bytes")),
         {"ignoreNullFields": "false"},
     )
     return rows.select(
-        F.when(det, F.lit(cfg.sink_topic)).when(routed, F.lit(ROUTED_TOPIC))
-        .otherwise(F.lit(cfg.dead_letter_topic)).alias("topic"),
-        F.when(det, F.col("rule_id")).when(routed, routed_key).alias("key"),
-        F.when(det, detection).when(routed, F.col("raw")).otherwise(dead_value).alias("value"),
+        F.when(det, F.lit(cfg.sink_topic)).otherwise(F.lit(cfg.dead_letter_topic)).alias("topic"),
+        F.when(det, F.col("rule_id")).alias("key"),
+        F.when(det, detection).otherwise(dead_value).alias("value"),
     )
 
 
@@ -338,25 +372,33 @@ def build(spark: SparkSession, cfg: DetectConfig, watermark_delay_s: float, topi
         cfg,
     )
 
-    # Velocity and correlation: the other scan, through the stateful operator (which
-    # also dead-letters late rows and event-time rows without a usable timestamp).
-    keyed, slots = keyed_rows(raw, rules, max_ahead_ms=max(1_000, int(watermark_delay_s * 1000)))
+    # Velocity and correlation: the other scans, through the chain of two stateful
+    # operators (which also dead-letter late rows and event-time rows without a usable
+    # timestamp). Correlation rules fed by a velocity rule (`velocity_filter_rule_id`)
+    # are the second operator's; every other keyed rule is the first's.
+    keyed_rules = [r for r in rules if r.rule_type != "threshold"]
+    fed = {r.rule_id for r in keyed_rules if r.route_from is not None}
+    delay_ms = int(watermark_delay_s * 1000)
+    keyed, slots = keyed_rows(raw, [r for r in keyed_rules if r.rule_id not in fed], max_ahead_ms=max(1_000, delay_ms))
     # The job watermark: bounded out-of-orderness over the event times of the rows'
     # event-time rules (`wm`). The metadata is then projected away so Spark does not
     # drop late rows silently; the processor dead-letters them instead.
     watermarked = keyed.withColumn("wm_ts", F.timestamp_millis(F.col("wm"))).withWatermark(
-        "wm_ts", f"{int(watermark_delay_s * 1000)} milliseconds")
+        "wm_ts", f"{delay_ms} milliseconds")
     stateful_in = watermarked.select(
         *[c for c in keyed.columns if c != "wm"],
         F.pmod(F.xxhash64("k"), F.lit(buckets)).cast("int").alias("bucket"),
     )
     defs_dir = str(cfg.state_dir / RULE_DEFS)
     if operator == "jvm":
-        out = jvm_keyed_operator(stateful_in, slots, defs_dir)
+        first = jvm_keyed_operator(stateful_in, slots, defs_dir, place="first")
     else:
-        out = stateful_in.groupBy("gid", "bucket").transformWithStateInPandas(
-            DetectionProcessor(slots, defs_dir), OUTPUT_SCHEMA, "Append", "EventTime"
+        first = stateful_in.groupBy("gid", "bucket").transformWithStateInPandas(
+            DetectionProcessor(slots, defs_dir, chained=True), CHAINED_SCHEMA, "Append", "EventTime",
+            eventTimeColumnName="et",
         )
+    out = _chain(first, raw, [r for r in keyed_rules if r.rule_id in fed], buckets, defs_dir, operator,
+                 max_ahead_ms=max(1_000, delay_ms))
 
     members = F.when(
         F.col("rule_type") == "velocity", velocity_members(F.col("agg_type"), F.col("agg_value"))
@@ -367,6 +409,62 @@ def build(spark: SparkSession, cfg: DetectConfig, watermark_delay_s: float, topi
         )
     )
     return threshold_records.unionByName(_records(out, F.col("kind"), members, cfg))
+
+
+# The first operator's output columns a pass row carries besides the event's own
+# (topic, seq, raw: the key rows' columns of the same name).
+_PASSED = [c for c in OUTPUT_COLUMNS if c not in ("topic", "seq", "raw")]
+# Pass rows are spread over this many groups (by the event's arrival position) so the
+# second operator hands them on in parallel; they hold no state.
+PASS_BUCKETS = 64
+
+
+def _chain(first: DataFrame, raw: DataFrame, rows: list[RuleRow], buckets: int, defs_dir: str,
+           operator: KeyedOperator, max_ahead_ms: int) -> DataFrame:
+    """The second operator, present in every plan (with no rules when no correlation
+    rule in force is fed by a velocity rule): the fed correlation rules `rows` on the
+    first operator's routed emits of this micro-batch and on their context records
+    (`raw` scanned once more, always, so the plan keeps its sources); the first
+    operator's other rows pass through it, in groups of their own (PASS_GID).
+
+    Why all of `first` goes through it, in one projection: Spark plans a DataFrame that
+    feeds two branches of a streaming query once per branch, and a stateful operator
+    planned twice is two operators with two states, each judging every key.
+
+    A routed emit enters as the event it is (its topic and arrival position: the
+    correlation's detection id is the one the backtest gives) under the in-plan label
+    ROUTED_TOPIC with the velocity rule's id (`route_from`), which compiled.py's routed
+    rule rows test; it has no broker time (`proc_ms` NULL) and is not judged late a
+    second time. The emits of a velocity rule that no fed rule in force reads (disabled,
+    gone) enter no rule and go nowhere (DESIGN.md). The context branch carries no
+    watermark of its own: the job's one watermark comes through the first operator
+    (a second watermark would hold the job's back, by Spark's min policy, whenever a
+    context topic is quieter than the primaries').
+    """
+    routed = F.col("kind") == F.lit("routed")
+    emits = first.select(
+        F.when(routed, F.lit(ROUTED_TOPIC)).alias("in_topic"), "topic", "seq",
+        F.when(routed, F.col("rule_id")).alias("route_from"), "raw",
+        F.lit(None).cast("long").alias("proc_ms"),
+        F.when(~routed, F.struct(*_PASSED)).alias("_pass"),
+        # Only the routed emits are parsed again; a pass row is never looked into.
+        F.when(routed, parse_variant(F.col("raw"))).alias("v"),
+    )
+    emits = with_reasons(emits)
+    from_first, slots = key_rows(emits, rows, max_ahead_ms=max_ahead_ms, skipped_metric="skipped_routed",
+                                 passing="_pass")
+    context, _ = key_rows(raw, rows, max_ahead_ms=max_ahead_ms, skipped_metric="skipped_context")
+    passes = F.col("gid") == F.lit(PASS_GID)
+    stateful_in = from_first.unionByName(context, allowMissingColumns=True).select(
+        *[c for c in context.columns if c != "wm"], *[F.col(f"_pass.{c}").alias(c) for c in _PASSED],
+        F.when(passes, F.pmod(F.xxhash64("seq", "_pass.rule_id"), F.lit(PASS_BUCKETS)))
+        .otherwise(F.pmod(F.xxhash64("k"), F.lit(buckets))).cast("int").alias("bucket"),
+    )
+    if operator == "jvm":
+        return jvm_keyed_operator(stateful_in, slots, defs_dir, place="second")
+    return stateful_in.groupBy("gid", "bucket").transformWithStateInPandas(
+        DetectionProcessor(slots, defs_dir, passes=True), OUTPUT_SCHEMA, "Append", "EventTime"
+    )
 
 
 # ------------------------------------------------------------------------------ status
@@ -455,7 +553,7 @@ class StatusReporter:
     def count_unreadable(self, progress: dict) -> None:
         """Add one batch's observed skipped rows to the per-rule, per-reason totals."""
         metrics = progress.get("observedMetrics") or {}
-        for name in ("skipped_threshold", "skipped_keyed"):
+        for name in ("skipped_threshold", "skipped_keyed", "skipped_routed", "skipped_context"):
             observed = metrics.get(name)  # a pyspark Row (or a dict, from JSON)
             try:
                 rows = (observed["rows"] if observed is not None else None) or []
@@ -557,8 +655,9 @@ def run(cfg: DetectConfig, stop: threading.Event | None = None) -> int:
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
-    admin.create_topics(cfg.bootstrap, [cfg.sink_topic, cfg.dead_letter_topic, cfg.status_topic, ROUTED_TOPIC,
-                                        cfg.rules_topic], role=ROLE)
+    plan_layout(cfg)  # an old checkpoint fails here, before anything is started
+    admin.create_topics(cfg.bootstrap, [cfg.sink_topic, cfg.dead_letter_topic, cfg.status_topic, cfg.rules_topic],
+                        role=ROLE)
     dlq = Producer(with_bootstrap(cfg.bootstrap, ROLE))
     registry = RuleRegistry(cfg.bootstrap, cfg.state_dir, cfg.rules_topic, role=ROLE,
                             on_problem=lambda p: report_rule_problem(cfg, dlq, p))

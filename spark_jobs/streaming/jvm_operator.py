@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from typing import Literal
 
 from pyspark.sql import DataFrame, SparkSession
 
 from spark_jobs.engine.conditions import value_spec
 from spark_jobs.rules.model import AnyRule, CorrelationRule, VelocityRule
-from spark_jobs.streaming.processor import OUTPUT_SCHEMA, Slot, slot_rule
+from spark_jobs.streaming.processor import CHAINED_SCHEMA, OUTPUT_SCHEMA, Slot, slot_rule
 
 OPERATOR_CLASS = "ruleplatform.keyed.KeyedOperator"
 
@@ -81,17 +82,24 @@ def operator_spec(slots: Sequence[Slot], defs_dir: str | None = None) -> str:
     return json.dumps({"slots": out}, allow_nan=False)
 
 
-def keyed_operator(stateful_in: DataFrame, slots: Sequence[Slot], defs_dir: str | None = None) -> DataFrame:
+def keyed_operator(stateful_in: DataFrame, slots: Sequence[Slot], defs_dir: str | None = None,
+                   place: Literal["alone", "first", "second"] = "alone") -> DataFrame:
     """`stateful_in` (key rows with `gid`, `bucket` and the job's watermark) through the
-    JVM operator: OUTPUT_SCHEMA rows, as the Python operator writes them."""
+    JVM operator: OUTPUT_SCHEMA rows, as the Python operator writes them.
+
+    `place` in the live plan's chain (job.py `build`): "first" adds `et` (CHAINED_SCHEMA)
+    for the operator behind it; "second" hands the PASS_GID groups' rows on unchanged,
+    in the JVM (no round trip of every detection through Python)."""
     spark: SparkSession = stateful_in.sparkSession
     jvm = spark._jvm  # type: ignore[attr-defined]
     assert jvm is not None, "the JVM operator needs a classic (non-Connect) SparkSession"
     operator = jvm
     for part in OPERATOR_CLASS.split("."):
         operator = getattr(operator, part)
-    jdf = operator.apply(stateful_in._jdf, operator_spec(slots, defs_dir))
-    out = DataFrame(jdf, spark)
-    if out.schema != OUTPUT_SCHEMA:  # the two definitions must not drift apart
-        raise RuntimeError(f"JVM operator schema {out.schema} is not OUTPUT_SCHEMA {OUTPUT_SCHEMA}")
+    entry = {"alone": operator.apply, "first": operator.first, "second": operator.second}[place]
+    out = DataFrame(entry(stateful_in._jdf, operator_spec(slots, defs_dir)), spark)
+    schema = CHAINED_SCHEMA if place == "first" else OUTPUT_SCHEMA
+    # The two definitions must not drift apart (`et` carries Spark's watermark metadata).
+    if [(f.name, f.dataType) for f in out.schema.fields] != [(f.name, f.dataType) for f in schema.fields]:
+        raise RuntimeError(f"JVM operator schema {out.schema} is not {schema}")
     return out

@@ -73,6 +73,7 @@ from pyspark.sql.types import (
     StringType,
     StructField,
     StructType,
+    TimestampType,
 )
 
 from spark_jobs.engine.conditions import compare_json
@@ -123,6 +124,20 @@ OUTPUT_SCHEMA = StructType([
     StructField("ctx_record", StringType()),
     StructField("reason", StringType()),
 ])
+OUTPUT_COLUMNS = [f.name for f in OUTPUT_SCHEMA.fields]
+
+# Velocity emits bound for correlation rules (`emit_to_sink: false`) never leave the job
+# (DESIGN.md): a second operator, chained behind this one in every plan (job.py
+# `build`), judges them in the same micro-batch. Spark chains a stateful operator behind
+# another only when the first stamps each output row with an event time
+# (eventTimeColumnName) that is not behind its watermark: `et`, the row's own time or the
+# watermark + 1 ms, whichever is later (only for Spark; the row's time stays in ts_ms).
+CHAINED_SCHEMA = StructType([*OUTPUT_SCHEMA.fields, StructField("et", TimestampType())])
+# The second operator's groups of rows that only pass through it: the first operator's
+# detections and dead letters, which reach the sink through the chain because a stateful
+# operator whose output feeds two branches of a plan is planned twice, each copy with a
+# state of its own. No rule's key group is this (key groups are JSON paths).
+PASS_GID = "\u0000pass"
 
 _RULES: dict[tuple[str, str], tuple[AnyRule, str]] = {}
 _BY_REF: dict[str, tuple[AnyRule, str]] = {}
@@ -260,7 +275,10 @@ def _out(kind: str, rule: AnyRule, row: Row, emit: Emit | None = None, reason: s
     )
 
 
-def _frame(rows: list[tuple]) -> pd.DataFrame:
+_ET_TYPE = pa.timestamp("us", tz="UTC")
+
+
+def _frame(rows: list[tuple], types: list[pa.DataType] = _OUT_TYPES) -> pd.DataFrame:
     """Output rows as one DataFrame, columns in OUTPUT_SCHEMA's order.
 
     pyspark turns each returned DataFrame into Arrow column by column, a fixed cost
@@ -272,7 +290,7 @@ def _frame(rows: list[tuple]) -> pd.DataFrame:
     """
     return pd.DataFrame(
         {i: pd.array(pa.array(col, type=t), dtype=pd.ArrowDtype(t))
-         for i, (col, t) in enumerate(zip(zip(*rows, strict=True), _OUT_TYPES, strict=True))},
+         for i, (col, t) in enumerate(zip(zip(*rows, strict=True), types, strict=True))},
         copy=False,
     )
 
@@ -399,9 +417,15 @@ class DetectionProcessor(StatefulProcessor):
     whole as its `rule_json`.
     """
 
-    def __init__(self, slots: Sequence[Slot], defs_dir: str | None = None) -> None:
+    def __init__(self, slots: Sequence[Slot], defs_dir: str | None = None, chained: bool = False,
+                 passes: bool = False) -> None:
+        """`chained`: a second operator follows, so the output is CHAINED_SCHEMA; `passes`:
+        this is that second operator, and the rows of the PASS_GID groups are the first
+        operator's output, handed on as they came."""
         self.slots = list(slots)
         self.defs_dir = defs_dir
+        self.chained = chained
+        self.passes = passes
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.handle = handle
@@ -473,6 +497,13 @@ class DetectionProcessor(StatefulProcessor):
 
     # -- the API -------------------------------------------------------------------------
     def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any) -> Iterator[pd.DataFrame]:
+        if self.passes and key[0] == PASS_GID:
+            for pdf in rows:  # column batches in, the same out: no row is touched in Python
+                if len(pdf):
+                    out = pdf[OUTPUT_COLUMNS]
+                    out.columns = range(len(OUTPUT_COLUMNS))
+                    yield out
+            return
         by_rule = self._rows_by_rule(rows)
         if not by_rule:
             return
@@ -520,7 +551,10 @@ class DetectionProcessor(StatefulProcessor):
             changed = True
         if changed:
             self._store(timer, keys)
-        if out:
+        if out and self.chained:
+            floor = watermark + 1
+            yield _frame([(*o, 1000 * max(o[7] or 0, floor)) for o in out], [*_OUT_TYPES, _ET_TYPE])
+        elif out:
             yield _frame(out)
 
     def _key(self, rule: AnyRule, sig: str, k: str, rows: list[tuple], watermark: int, out: list[tuple],

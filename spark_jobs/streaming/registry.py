@@ -34,7 +34,9 @@ from spark_jobs.rules.version_order import compare_versions
 
 log = logging.getLogger(__name__)
 
-ROUTED_TOPIC = "detect.routed"  # velocity emits bound for correlation; never the sink
+# The in-plan label (`in_topic`) of velocity emits bound for correlation rules: no Kafka
+# topic; they never leave the job (job.py `_chain`).
+ROUTED_TOPIC = "detect.routed"
 
 
 @dataclass
@@ -58,9 +60,9 @@ class RuleSet:
         """Topics the job must consume: sources and contexts of the rules in force."""
         out: set[str] = set()
         for r in self.rules.values():
-            if isinstance(r, CorrelationRule) and r.velocity_filter_rule_id:
-                out.add(ROUTED_TOPIC)
-            else:
+            # A correlation rule fed by a velocity rule reads that rule's emits inside the
+            # job (their topic is the velocity rule's, subscribed for it).
+            if not (isinstance(r, CorrelationRule) and r.velocity_filter_rule_id):
                 out.add(r.source_topic)
             if isinstance(r, CorrelationRule):
                 out.add(r.context_topic)

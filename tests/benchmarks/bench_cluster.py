@@ -90,7 +90,7 @@ def main() -> None:
         work = Path(tmp)
         kport = free_block(3, 43000)
         with KafkaCluster(work / "kafka", port=kport, controller_port=kport + 500,
-                          partitions={"events.raw": 4, "events.processed": 2, "detect.routed": 2}) as kafka:
+                          partitions={"events.raw": 4, "events.processed": 2}) as kafka:
             publish_rules([parse_rule(r) for r in RULES], kafka.bootstrap)
             produce(kafka.bootstrap, args.events)
             for w in args.workers:

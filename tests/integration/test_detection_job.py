@@ -13,6 +13,7 @@ from detect_harness import DetectJob, detections, produce, wait_detections
 from spark_jobs.backtest.inputs import InputSpec
 from spark_jobs.backtest.runner import BacktestConfig, run_backtest
 from spark_jobs.demo.scenarios import EXPECTED, MALFORMED_LINES
+from spark_jobs.kafka.admin import list_topics
 from spark_jobs.kafka.broker import EmbeddedBroker, free_port
 from spark_jobs.kafka.publisher import publish_rules
 from spark_jobs.rules.loader import load_rules
@@ -56,8 +57,11 @@ def test_end_to_end_detections_equal_the_backtest(live, broker, spark, demo_inpu
     dets = detections(broker.bootstrap)
     assert {d["detection_id"] for d in dets} == {d["detection_id"] for d in expected}
     assert len(dets) == len(expected) == N_EXPECTED
-    # Nothing of the routing-only velocity rule reaches the sink.
+    # Nothing of the routing-only velocity rule reaches the sink, and its emits reached
+    # the correlation rule without leaving the job: no Kafka topic carries them.
     assert not [d for d in dets if d["rule_id"] == "hashtag_velocity"]
+    assert [d for d in dets if d["rule_id"] == "low_reputation_user"]
+    assert not [t for t in list_topics(broker.bootstrap) if "routed" in t]
     dead = [json.loads(r) for r in _values(broker, "events.deadletter")]
     assert sorted(d["raw"] for d in dead if d["reason"] == "not valid JSON") == sorted(MALFORMED_LINES)
 

@@ -67,7 +67,7 @@ def clusters(tmp_path_factory):
     spark_port = free_block(1, kport + 1000)
     ui_port = free_block(3, spark_port + 100)
     kafka = KafkaCluster(work / "kafka", port=kport, controller_port=kport + 500,
-                         partitions={"events.raw": 2, "events.processed": 2, "detect.routed": 2})
+                         partitions={"events.raw": 2, "events.processed": 2})
     spark = LocalSparkCluster(work / "spark", workers=2, port=spark_port, webui_port=ui_port)
     try:
         kafka.start()

@@ -55,7 +55,9 @@ from spark_jobs.streaming.keyed_logic import (  # noqa: E402
     velocity_step,
 )
 from spark_jobs.streaming.processor import (  # noqa: E402
+    CHAINED_SCHEMA,
     OUTPUT_SCHEMA,
+    PASS_GID,
     DetectionProcessor,
     Slot,
     _column,
@@ -692,3 +694,59 @@ def test_output_frame_gives_spark_nulls_not_nans():
             _out("detection", rule, Row(BASE, 8, raw="{}", topic="t"), Emit(Row(BASE, 8), agg_value=3.0))]
     assert _spark_reads(_frame(rows)) == rows
     assert _spark_reads(_frame(rows))[0][OUTPUT_SCHEMA.names.index("ts_ms")] is None
+
+
+def _arrow_reads(frames: Any, schema: StructType) -> list[tuple]:
+    """Output DataFrames as the JVM receives them under `schema`."""
+    out = []
+    for df in frames:
+        batch = PandasToArrowConversion.convert(df, schema, timezone="UTC", safecheck=True, arrow_cast=True,
+                                                assign_cols_by_name=True)
+        out += [tuple(d.values()) for d in batch.to_pylist()]
+    return out
+
+
+def test_a_chained_operator_stamps_every_row_after_its_watermark():
+    """Spark refuses a chained operator's row whose event time (`et`) is not after the
+    operator's watermark (EMITTING_ROWS_OLDER_THAN_WATERMARK_NOT_ALLOWED); `et` is the
+    row's event time or the watermark + 1 ms, and the row's own time stays in ts_ms."""
+    rule = VELOCITY[0]
+    rule_json = json.dumps(parse_rule(rule).model_dump(mode="json"))
+    watermark = BASE + 5_000
+
+    def row(ts: int | None, seq: int) -> dict:
+        return dict(rule_id="v_count", k="a", role="primary", rule_json=rule_json, event_time=True, ts_ms=ts,
+                    seq=seq, topic="t", raw=f'{{"seq": {seq}}}', num=None, jv=None)
+
+    # A late row (dead), a row without a time (dead), three on time: the third fires.
+    rows = [row(BASE, 1), row(None, 2), row(watermark + 10, 3), row(watermark + 20, 4), row(watermark + 30, 5)]
+    slots = _slots_of(rows)
+    proc = DetectionProcessor(slots, chained=True)
+    tester = TwsTester(proc, timeMode="EventTime", eventTimeExtractor=lambda r: 1 << 62)
+    tester._currentWatermarkMs = watermark
+    tester.handle.setGroupingKey((GID, 0))
+    got = _arrow_reads(proc.handleInputRows((GID, 0), iter([_in_frame(rows, slots)]), tester._getTimerValues()),
+                       CHAINED_SCHEMA)
+    names = CHAINED_SCHEMA.names
+    by_seq = {r[names.index("seq")]: r for r in got}
+    assert sorted(by_seq) == [1, 2, 5]
+    for seq, r in by_seq.items():
+        ts, et = r[names.index("ts_ms")], r[names.index("et")]
+        assert et.timestamp() * 1000 > watermark, (seq, et)
+        assert et.timestamp() * 1000 == max(ts or 0, watermark + 1)
+    assert by_seq[1][names.index("ts_ms")] == BASE  # the late row keeps its own time
+
+
+def test_the_second_operator_passes_the_firsts_output_through_unchanged():
+    rule, _ = _rule(json.dumps(parse_rule(VELOCITY[0]).model_dump(mode="json")))
+    rows = [_out("dead", rule, Row(None, 7, raw="{}", topic="t"), reason="late"),  # type: ignore[arg-type]
+            _out("detection", rule, Row(BASE, 8, raw='{"a": 1}', topic="t"), Emit(Row(BASE, 8), agg_value=3.0))]
+    # As the Python worker hands them over: by name, with the operator input's other columns.
+    frame = pd.DataFrame([dict(zip(OUTPUT_SCHEMA.names, r, strict=True)) for r in rows])
+    frame.insert(0, "gid", PASS_GID)
+    frame["k"], frame["m"], frame["t0"] = None, None, np.nan
+    proc = DetectionProcessor([], passes=True)
+    tester = TwsTester(proc, timeMode="EventTime", eventTimeExtractor=lambda r: 1 << 62)
+    tester.handle.setGroupingKey((PASS_GID, 0))
+    got = _arrow_reads(proc.handleInputRows((PASS_GID, 0), iter([frame]), tester._getTimerValues()), OUTPUT_SCHEMA)
+    assert got == rows

@@ -45,8 +45,14 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
     private static final long serialVersionUID = 1L;
     private static final char SEP = '\u0000'; // JSON key text never holds a raw NUL
 
+    /** processor.py PASS_GID: the second operator's groups of rows that only pass through. */
+    public static final String PASS_GID = "\u0000pass";
+
     private final String specJson;
     private final String[] columns;
+    private final boolean chained;
+    private final boolean passes;
+    private final boolean java8Time;
 
     private transient Slot[] slots;
     private transient int kCol;
@@ -54,13 +60,27 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
     private transient int topicCol;
     private transient int seqCol;
     private transient int rawCol;
+    private transient int[] passCols;
     private transient MapState<String, byte[]> subs;
     private transient ValueState<Long> timer;
 
     /** specJson: jvm_operator.operator_spec; columns: the input's column names. */
     public DetectionProcessor(String specJson, String[] columns) {
+        this(specJson, columns, false, false, false);
+    }
+
+    /**
+     * chained: a second operator follows, so every output row carries `et` (processor.py
+     * CHAINED_SCHEMA) as a java.time.Instant when java8Time, else a java.sql.Timestamp
+     * (what Spark's row encoder expects under spark.sql.datetime.java8API.enabled);
+     * passes: this is that second operator, the PASS_GID groups' rows handed on as they came.
+     */
+    public DetectionProcessor(String specJson, String[] columns, boolean chained, boolean passes, boolean java8Time) {
         this.specJson = specJson;
         this.columns = columns.clone();
+        this.chained = chained;
+        this.passes = passes;
+        this.java8Time = java8Time;
     }
 
     @Override
@@ -81,6 +101,16 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
             topicCol = cols.indexOf("topic");
             seqCol = cols.indexOf("seq");
             rawCol = cols.indexOf("raw");
+            if (passes) {
+                String[] names = KeyedOperator.OUTPUT_SCHEMA.fieldNames();
+                passCols = new int[names.length];
+                for (int i = 0; i < names.length; i++) {
+                    passCols[i] = cols.indexOf(names[i]);
+                    if (passCols[i] < 0) {
+                        throw new IllegalArgumentException("second operator input lacks column " + names[i]);
+                    }
+                }
+            }
         } catch (java.io.IOException e) {
             throw new IllegalArgumentException("bad keyed operator spec", e);
         }
@@ -132,6 +162,16 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
     @Override
     public scala.collection.Iterator<Row> handleInputRows(Row key, scala.collection.Iterator<Row> rows,
                                                           TimerValues timerValues) {
+        if (passes && PASS_GID.equals(key.getString(0))) {
+            // Lazily, row for row: nothing of a pass group is held or looked at.
+            return rows.map(r -> {
+                Object[] v = new Object[passCols.length];
+                for (int i = 0; i < v.length; i++) {
+                    v[i] = r.get(passCols[i]);
+                }
+                return RowFactory.create(v);
+            });
+        }
         LinkedHashMap<String, RuleRows> byRule = rowsByRule(rows);
         List<Row> out = new ArrayList<>();
         if (byRule.isEmpty()) {
@@ -170,6 +210,9 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
             if (rule.velocity && !rule.usesEventTime) {
                 forgetIdleProcessingTimeKeys(rule, rr.byKey);
             }
+        }
+        if (chained) {
+            stamp(out, watermark);
         }
         // Sub-states not in this batch keep expiries at or after the registered timer; it
         // only moves when one needs an earlier one. Spark refuses a timer at or before the
@@ -273,6 +316,21 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
         }
         st.signature = rule.signature;
         return st;
+    }
+
+    /** Each row with `et` appended: its ts_ms, or the watermark + 1 ms when that is later. */
+    private void stamp(List<Row> out, long watermark) {
+        for (int i = 0; i < out.size(); i++) {
+            Row r = out.get(i);
+            Object ts = r.get(7);
+            long et = Math.max(ts == null ? 0L : (Long) ts, watermark + 1);
+            Object[] v = new Object[r.length() + 1];
+            for (int j = 0; j < r.length(); j++) {
+                v[j] = r.get(j);
+            }
+            v[r.length()] = java8Time ? (Object) java.time.Instant.ofEpochMilli(et) : new java.sql.Timestamp(et);
+            out.set(i, RowFactory.create(v));
+        }
     }
 
     /** `x or y` of Python on an optional time: 0 is falsy there too. */

@@ -39,6 +39,9 @@ public final class KeyedOperator {
         field("reason", DataTypes.StringType),
     });
 
+    /** processor.py CHAINED_SCHEMA: OUTPUT_SCHEMA and the event time Spark chains on. */
+    public static final StructType CHAINED_SCHEMA = OUTPUT_SCHEMA.add(field("et", DataTypes.TimestampType));
+
     private static StructField field(String name, org.apache.spark.sql.types.DataType type) {
         return DataTypes.createStructField(name, type, true);
     }
@@ -49,13 +52,38 @@ public final class KeyedOperator {
      * `specJson` (jvm_operator.operator_spec), in event-time mode and Append output.
      */
     public static Dataset<Row> apply(Dataset<Row> in, String specJson) {
+        return grouped(in).transformWithState(new DetectionProcessor(specJson, in.schema().fieldNames()),
+                TimeMode.EventTime(), OutputMode.Append(), Encoders.row(OUTPUT_SCHEMA));
+    }
+
+    /**
+     * The first operator of the live plan's chain: as {@link #apply}, its output
+     * CHAINED_SCHEMA with `et` as the event-time column, so a second stateful operator
+     * can follow it.
+     */
+    public static Dataset<Row> first(Dataset<Row> in, String specJson) {
+        boolean java8 = Boolean.parseBoolean(in.sparkSession().conf().get("spark.sql.datetime.java8API.enabled", "false"));
+        return grouped(in).transformWithState(
+                new DetectionProcessor(specJson, in.schema().fieldNames(), true, false, java8), "et",
+                OutputMode.Append(), Encoders.row(CHAINED_SCHEMA));
+    }
+
+    /**
+     * The second operator of the chain: the rules of `specJson` on the key rows of `in`,
+     * whose PASS_GID groups (the first operator's other output, OUTPUT_SCHEMA's columns
+     * among `in`'s) are handed on as they came.
+     */
+    public static Dataset<Row> second(Dataset<Row> in, String specJson) {
+        return grouped(in).transformWithState(
+                new DetectionProcessor(specJson, in.schema().fieldNames(), false, true, false),
+                TimeMode.EventTime(), OutputMode.Append(), Encoders.row(OUTPUT_SCHEMA));
+    }
+
+    private static org.apache.spark.sql.KeyValueGroupedDataset<Row, Row> grouped(Dataset<Row> in) {
         StructType schema = in.schema();
         StructType keySchema = new StructType(new StructField[] {
             schema.apply("gid"), schema.apply("bucket"),
         });
-        return in.groupBy("gid", "bucket")
-                .as(Encoders.row(keySchema), Encoders.row(schema))
-                .transformWithState(new DetectionProcessor(specJson, schema.fieldNames()), TimeMode.EventTime(),
-                        OutputMode.Append(), Encoders.row(OUTPUT_SCHEMA));
+        return in.groupBy("gid", "bucket").as(Encoders.row(keySchema), Encoders.row(schema));
     }
 }
