@@ -431,9 +431,6 @@ class DetectionProcessor(StatefulProcessor):
         self.handle = handle
         self.bucket = handle.getValueState("bucket", BUCKET_SCHEMA)
 
-    def _rule_of(self, slot: Slot) -> tuple[AnyRule, str]:
-        return slot_rule(slot, self.defs_dir)
-
     # -- the bucket: its timer and its keys' state, one read and one write ---------------
     def _load(self) -> tuple[int | None, dict[str, dict[str, tuple]]]:
         v = self.bucket.get()  # None when absent: no exists() round trip
@@ -474,7 +471,7 @@ class DetectionProcessor(StatefulProcessor):
                     hit = seen.get(idx)
                     if hit is None:
                         slot = self.slots[int(idx)]
-                        rule, sig = self._rule_of(slot)
+                        rule, sig = slot_rule(slot, self.defs_dir)
                         entry = by_rule.get(rule.rule_id)
                         if entry is None:
                             entry = by_rule[rule.rule_id] = (rule, sig, {})
