@@ -1,4 +1,5 @@
-"""The rule set in force, compiled into the live plan: one row per (event, rule it concerns).
+"""The rule set in force, compiled into the live plan: per event, one row per key group it
+enters and one row of the threshold rules it passes.
 
 Rules used to reach the query as data (a broadcast join of every event with every rule
 of its topic, each condition interpreted from the rule's row). That cost 55-67 us of
@@ -8,15 +9,15 @@ micro-batch (about 1 s per branch against a 500 ms trigger).
 
 Here each rule's conditions are literal expressions built by the engine's own
 `compare_spec` (the backtest's), so Spark generates plain code for them: an event is
-tested against every rule of the set in one projection, and only the (event, rule)
-pairs that pass become rows. The price is that a rule change means a new plan: the job
+tested against every rule of the set in one projection, and only what passes becomes
+rows. The price is that a rule change means a new plan: the job
 restarts its query in-process on the same checkpoint (same query id, state kept) when
 the registry's snapshot changes (job.py `run`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from pyspark.sql import Column, DataFrame, Observation
@@ -68,21 +69,6 @@ def _route_path(members: Sequence[tuple[int, RuleRow]]) -> str | None:
             counts[p] = counts.get(p, 0) + 1
     best = max(counts.items(), key=lambda kv: (kv[1], kv[0]), default=None)
     return best[0] if best and best[1] >= 2 else None
-
-
-def _by_rule(i: Column, rows: Sequence[RuleRow], value: Callable[[RuleRow], Column | None]) -> Column:
-    """CASE over the rule index `i` of each row's `value` (NULL where it is None); rows
-    with the same value (by its string form: the same path) share one branch."""
-    groups: dict[str, tuple[Column, list[int]]] = {}
-    for n, r in enumerate(rows):
-        c = value(r)
-        if c is not None:
-            groups.setdefault(str(c), (c, []))[1].append(n)
-    out: Column | None = None
-    for c, idx in groups.values():
-        test = i.isin(*idx) if len(idx) > 1 else i == F.lit(idx[0])
-        out = F.when(test, c) if out is None else out.when(test, c)
-    return out if out is not None else F.lit(None)
 
 
 def _pick(i: Column, values: Sequence[object], type_: str) -> Column:
@@ -143,58 +129,40 @@ class _Checks:
         return F.coalesce(*whens) if whens else None
 
 
-def fan_out(events: DataFrame, rows: Sequence[RuleRow], keep_malformed: bool = False) -> DataFrame:
-    """One row per (event, rule row whose conditions it passes), with the rule's
-    identity; and per (event, rule row) a row with `_skip` set when only a value the
-    rule cannot read (a non-number compared with an ordering operator) kept it from
-    passing, to be counted and dropped. The threshold branch of the live job: keyed
-    rules reach their operator one row per (event, key group) instead (`key_rows`).
+def _matches_of(members: list[tuple[int, RuleRow]], checks: _Checks) -> Column:
+    """The indexes ("0,3,7") of the rules of one source (topic, routed-from) an event
+    passes.
 
-    `keep_malformed`: each record that is not an event comes through once, with no
-    rule (rule columns NULL, `_reason` set), to be a dead letter: one scan serves both.
+    Routed like the Ververica demo, but in the plan: the rules that test one path
+    for equality with a string (an event type) are grouped by that string, and a
+    CASE on the event's value picks the group, so an event is tested against the
+    rules of its type only (4 comparisons, not 50, for the bench's rules).
     """
-    # Each path read once per event, in staged projections (values.extract_paths),
-    # whatever number of rules read it.
-    events, fields = extract_paths(events, _needs(rows), {r.ts_path for r in rows if r.ts_path}, to_json_path=str)
-    checks = _Checks(fields)
-    fv, unreadable, ok, blocked = checks.fv, checks.unreadable, checks.ok, checks.blocked
+    fv, ok = checks.fv, checks.ok
+    route = _route_path(members)
+    routed: dict[str, list[tuple[int, RuleRow, list[Cond]]]] = {}
+    flags: list[Column] = []
+    for n, r in members:
+        eq = next((c for c in r.conditions if route and _routes(c, route)), None)
+        if eq is None:
+            flags.append(F.when(_and([ok(c) for c in r.conditions]), F.lit(str(n))))
+        else:
+            rest = [c for c in r.conditions if c is not eq]
+            routed.setdefault(eq.str or "", []).append((n, r, rest))
+    if routed:
+        value = fv(route).str
+        case: Column | None = None
+        for text, group in routed.items():
+            part = F.concat_ws(",", *[F.when(_and([ok(c) for c in rest]), F.lit(str(n))) for n, _, rest in group])
+            case = F.when(value == F.lit(text), part) if case is None else case.when(value == F.lit(text), part)
+        flags.insert(0, case)
+    return F.concat_ws(",", *flags)
 
-    def matches_of(members: list[tuple[int, RuleRow]]) -> Column:
-        """The indexes ("0,s3,7") of the rules of one source (topic, routed-from) an
-        event passes ("s": kept from passing only by an unreadable value).
 
-        Routed like the Ververica demo, but in the plan: the rules that test one path
-        for equality with a string (an event type) are grouped by that string, and a
-        CASE on the event's value picks the group, so an event is tested against the
-        rules of its type only (4 comparisons, not 50, for the bench's rules).
-        """
-        route = _route_path(members)
-        routed: dict[str, list[tuple[int, RuleRow, list[Cond]]]] = {}
-        flags: list[Column] = []
-        for n, r in members:
-            eq = next((c for c in r.conditions if route and _routes(c, route)), None)
-            if eq is None:
-                flags.append(F.when(_and([ok(c) for c in r.conditions]), F.lit(str(n))))
-            else:
-                rest = [c for c in r.conditions if c is not eq]
-                routed.setdefault(eq.str or "", []).append((n, r, rest))
-        if routed:
-            value = fv(route).str
-            case: Column | None = None
-            for text, group in routed.items():
-                part = F.concat_ws(",", *[F.when(_and([ok(c) for c in rest]), F.lit(str(n))) for n, _, rest in group])
-                case = F.when(value == F.lit(text), part) if case is None else case.when(value == F.lit(text), part)
-            flags.insert(0, case)
-        # Unreadable values are looked for once per event; the rules' blocked tests run
-        # only for an event that has one.
-        checks = {c.path: u for _, r in members for c in r.conditions if (u := unreadable(c)) is not None}
-        if checks:
-            any_unread = _or(list(checks.values()))
-            skips = [F.when(blocked(r), F.lit(f"s{n}")) for n, r in members
-                     if any(unreadable(c) is not None for c in r.conditions)]
-            flags.append(F.when(any_unread, F.concat_ws(",", *skips)))
-        return F.concat_ws(",", *flags)
-
+def match_list(rows: Sequence[RuleRow], checks: _Checks) -> Column:
+    """Per event, the indexes ("0,3,7") of the threshold rule rows `rows` it passes,
+    "" for none: one row per event carries them through the operators (job.py
+    `event_rows`), made one row per (event, rule) behind them."""
     sources: dict[tuple[str, str | None], list[tuple[int, RuleRow]]] = {}
     for n, r in enumerate(rows):
         sources.setdefault((r.topic, r.route_from), []).append((n, r))
@@ -207,34 +175,21 @@ def fan_out(events: DataFrame, rows: Sequence[RuleRow], keep_malformed: bool = F
             mine = F.col("in_topic") == F.lit(topic)
             if route_from is not None:
                 mine = mine & (F.col("route_from") == F.lit(route_from))
-            case = F.when(mine, matches_of(members)) if case is None else case.when(mine, matches_of(members))
+            part = _matches_of(members, checks)
+            case = F.when(mine, part) if case is None else case.when(mine, part)
         matches = F.coalesce(case, F.lit(""))
-    if keep_malformed:
-        matches = F.when(F.col("_reason").isNull(), matches).otherwise(F.lit(""))
-    else:
-        events = events.filter(F.col("_reason").isNull())
-    exploded = events.select("*", F.explode(F.split(matches, ",")).alias("_m"))
-    keep = F.col("_m") != F.lit("")
-    if keep_malformed:
-        keep = keep | F.col("_reason").isNotNull()
-    exploded = exploded.filter(keep)
-    skipped = F.col("_m").startswith("s")
-    i = F.when(F.col("_m") != F.lit(""), F.when(skipped, F.substring("_m", 2, 12)).otherwise(F.col("_m"))).cast("int")
-    picked = exploded.select("*", i.alias("_i"), skipped.alias("_skipped"))
-    i = F.col("_i")
+    return matches
 
-    unread_path = checks.unread_path
 
-    skip = F.when(F.col("_skipped"), F.concat(F.lit("value at "), _by_rule(i, rows, unread_path),
-                                              F.lit(" is not a number")))
-    return picked.select(
-        _pick(i, [r.rule_id for r in rows], "string").alias("rule_id"),
-        _pick(i, [r.rule_version for r in rows], "string").alias("rule_version"),
-        _pick(i, [r.rule_type for r in rows], "string").alias("rule_type"),
-        _pick(i, [r.rule_name for r in rows], "string").alias("rule_name"),
-        "topic", "seq", "raw", "proc_ms", "_reason",
-        skip.alias("_skip"),
-    )
+def rule_identity(i: Column, rows: Sequence[RuleRow]) -> dict[str, Column]:
+    """The identity columns (rule_id, rule_version, rule_type, rule_name) of rule row
+    `i` of `rows` (NULL when `i` is NULL)."""
+    return {
+        "rule_id": _pick(i, [r.rule_id for r in rows], "string"),
+        "rule_version": _pick(i, [r.rule_version for r in rows], "string"),
+        "rule_type": _pick(i, [r.rule_type for r in rows], "string"),
+        "rule_name": _pick(i, [r.rule_name for r in rows], "string"),
+    }
 
 
 # ------------------------------------------------------------------ the keyed operator's input
@@ -258,7 +213,8 @@ def key_group(r: RuleRow) -> str:
 
 def key_rows(events: DataFrame, rows: Sequence[RuleRow], max_ahead_ms: int = 5_000,
              skipped_metric: str | Observation = "skipped_keyed",
-             passing: str | None = None) -> tuple[DataFrame, list[Slot]]:
+             passing: Sequence[tuple[Column, Column]] = (),
+             threshold: Sequence[RuleRow] = ()) -> tuple[DataFrame, list[Slot]]:
     """The stateful operator's input: one row per (event, key group with a rule the
     event enters), and the slots (per rule row, by its index) that say how to read it.
 
@@ -280,17 +236,28 @@ def key_rows(events: DataFrame, rows: Sequence[RuleRow], max_ahead_ms: int = 5_0
     one key are evaluated together instead (processor.py). Records that are not events
     (`_reason` set) are left out: the threshold branch dead-letters them.
 
-    `passing` names a struct column of `events`: a row where it is set is no event but
-    a row to carry through unchanged (one output row, gid PASS_GID, the struct in the
-    column of that name, NULL on the key rows). The chained second operator's input is
-    made so (job.py `_chain`): the first operator's output must reach it in one branch,
-    or Spark would plan the first operator twice.
+    `threshold`: threshold rule rows, read in the same projections (each path once for
+    both kinds of rule): `_tm` is, per event, the indexes ("0,3,7") of those it passes
+    (match_list), for `passing` to carry; their unreadable values are observed with the
+    keyed rules'.
+
+    `passing`: (condition, struct) pairs, each a row to carry through the operator
+    unchanged where its condition holds (gid PASS_GID, the struct in `_pass`, NULL on
+    the key rows); the structs are of one type and may read `_tm`. With `passing`,
+    every input row is kept (a row whose `_reason` is set enters no key group but may
+    be carried: a dead letter). The live plan is one line from its one scan of the
+    input to the sink (job.py `build`, `_chain`): Spark plans a DataFrame that feeds
+    two branches of a streaming query once per branch (the input scanned and parsed
+    again, a stateful operator twice with two states), so whatever does not enter an
+    operator's keys goes through it so.
     """
-    carried = F.col(passing).isNotNull() if passing else None
-    events = events.filter(F.col("_reason").isNull() if carried is None else F.col("_reason").isNull() | carried)
+    if not passing:
+        events = events.filter(F.col("_reason").isNull())
     ts_paths = sorted({r.ts_path for r in rows if r.ts_path})
     val_paths = sorted({r.val_path for r in rows if r.val_path})
-    events, fields = extract_paths(events, _needs(rows), set(ts_paths), to_json_path=str)
+    needs = _needs([*rows, *threshold])
+    events, fields = extract_paths(events, needs, {*ts_paths, *(r.ts_path for r in threshold if r.ts_path)},
+                                   to_json_path=str)
     checks = _Checks(fields)
     tcol = {p: f"t{i}" for i, p in enumerate(ts_paths)}
     acol = {p: f"a{i}" for i, p in enumerate(ts_paths)}
@@ -361,14 +328,15 @@ def key_rows(events: DataFrame, rows: Sequence[RuleRow], max_ahead_ms: int = 5_0
     # part NULL when empty, so the joined entries hold no empty one).
     flags = [enters(n, r).alias(f"_e{n}") for n, r in enumerate(rows)]
     entries: list[Column] = []
-    unread = {c.path: u for r in rows for c in r.conditions if (u := checks.unreadable(c)) is not None}
-    blockable = [(n, r) for n, r in enumerate(rows) if any(checks.unreadable(c) is not None for c in r.conditions)]
+    judged = [*rows, *threshold]
+    unread = {c.path: u for r in judged for c in r.conditions if (u := checks.unreadable(c)) is not None}
+    blockable = [r for r in judged if any(checks.unreadable(c) is not None for c in r.conditions)]
     if blockable:
         # Looked for once per event; the rules' blocked tests run only for an event that has one.
         entries.append(F.when(_or(list(unread.values())), F.nullif(F.concat_ws(SKIPS_SEP, *[
             F.when(source(r) & checks.blocked(r), F.concat(F.lit(f"{r.rule_id}{SKIP_SEP}value at "),
                                                             checks.unread_path(r), F.lit(" is not a number")))
-            for _, r in blockable]), F.lit(""))))
+            for r in blockable]), F.lit(""))))
     numeric = [(n, r) for n, r in enumerate(rows) if r.val_need == "num" and r.val_path]
     if numeric:
         entries.append(F.when(_or([not_number(p) for p in {r.val_path for _, r in numeric if r.val_path}]),
@@ -377,7 +345,11 @@ def key_rows(events: DataFrame, rows: Sequence[RuleRow], max_ahead_ms: int = 5_0
                    F.lit(f"{r.rule_id}{SKIP_SEP}value at {r.val_path} is not a number"))
             for _, r in numeric if r.val_path]), F.lit(""))))
     events = events.select("*", *[e.alias(name) for name, e in shared.values()])
-    events = events.select("*", *flags, F.concat_ws(SKIPS_SEP, *entries).alias("_skips"))
+    tm = [F.when(F.col("_reason").isNull(), match_list(threshold, checks)).otherwise(F.lit("")).alias("_tm")] \
+        if threshold else []
+    events = events.select("*", *flags, F.concat_ws(SKIPS_SEP, *entries).alias("_skips"), *tm)
+    carried = list(passing)
+    pass_type = events.select(carried[0][1]).schema[0].dataType if carried else None
 
     # Step 3: per key group of the event's source, one struct; exploded into rows.
     value_cols = [(c, "long") for c in tcol.values()] + [(c, "string") for c in acol.values()] + \
@@ -386,7 +358,7 @@ def key_rows(events: DataFrame, rows: Sequence[RuleRow], max_ahead_ms: int = 5_0
     for n, r in enumerate(rows):
         sources.setdefault((r.topic, r.route_from), {}).setdefault(key_group(r), []).append(n)
 
-    def group_struct(gid: str, members: list[int]) -> Column:
+    def group_struct(gid: str, members: list[int], carry: Column | None = None) -> Column:
         used = {c for n in members for c in (slots[n].ts_col, slots[n].far_col, slots[n].num_col, slots[n].jv_col) if c}
         times = [F.when(F.col(f"_e{n}"), ts_of(n)) for n in members if slots[n].event_time]
         wm = F.lit(None).cast("long") if not times else times[0] if len(times) == 1 else F.greatest(*times)
@@ -397,24 +369,31 @@ def key_rows(events: DataFrame, rows: Sequence[RuleRow], max_ahead_ms: int = 5_0
             F.concat_ws(",", *[F.when(F.col(f"_e{n}"), F.lit(str(n))) for n in members]).alias("m"),
             wm.cast("long").alias("wm"),
             *[(F.col(c) if c in used else F.lit(None)).cast(t).alias(c) for c, t in value_cols],
+            *([] if pass_type is None else [(F.lit(None).cast(pass_type) if carry is None else carry).alias("_pass")]),
         )
 
+    # The carried rows of an input row: NULL entries where their condition fails
+    # (filtered out below with the key groups the event does not enter).
+    carries = [F.when(cond, group_struct(PASS_GID, [], struct)) for cond, struct in carried]
+    event = F.col("_reason").isNull()
     groups: Column | None = None
     for by_group in sources.values():
         r0 = rows[next(iter(by_group.values()))[0]]  # any row of the source: its source test
-        arr = F.array(*[group_struct(g, members) for g, members in by_group.items()])
-        groups = F.when(source(r0), arr) if groups is None else groups.when(source(r0), arr)
+        arr = F.array(*[group_struct(g, members) for g, members in by_group.items()], *carries)
+        test = source(r0) & event if carried else source(r0)
+        groups = F.when(test, arr) if groups is None else groups.when(test, arr)
     if groups is None:  # no keyed rules: one struct per event with no rule, filtered out below
-        groups = F.array(group_struct("", []))
-    if carried is not None:
-        groups = F.when(carried, F.array(group_struct(PASS_GID, []))).otherwise(groups)
+        groups = F.array(group_struct("", []), *carries)
+    elif carries:
+        groups = groups.otherwise(F.array(*carries))
     # Observed per micro-batch, per event (the rows below are per key group).
     skipped = F.flatten(F.collect_list(F.when(F.col("_skips") != F.lit(""), F.split(F.col("_skips"), SKIPS_SEP))))
     events = events.observe(skipped_metric, skipped.alias("rows"))
-    kept = [passing] if passing else []
-    exploded = events.select("topic", "seq", "raw", "proc_ms", *kept, F.explode(groups).alias("_g"))
+    exploded = events.select("topic", "seq", "raw", "proc_ms", F.explode(groups).alias("_g"))
     entered = (F.col("_g.m") != F.lit("")) & F.col("_g.k").isNotNull()
-    out = exploded.filter(entered if carried is None else entered | carried).select(
+    if carried:
+        entered = entered | (F.col("_g.gid") == F.lit(PASS_GID))
+    out = exploded.filter(entered).select(
         "_g.gid", "_g.k", "_g.m", "topic", "seq", "raw", "proc_ms", "_g.wm", *[f"_g.{c}" for c, _ in value_cols],
-        *kept)
+        *(["_g._pass"] if carried else []))
     return out, slots

@@ -1,32 +1,37 @@
 """The continuous detection job (`rulectl detect`): Kafka in, detections out.
 
-Plan of one micro-batch:
+Plan of one micro-batch, one line from one scan of the input to one Kafka write:
 
   Kafka records (Spark's Kafka connector: the topics of the rules in force, offsets in
   the checkpoint)
-    -> parse to VARIANT once; malformed -> dead letters
+    -> parse to VARIANT once
     -> the rule set in force, compiled into the plan (compiled.py): each path read once
-       per event, each rule's conditions as generated code, one row per (event, rule
-       it passes)
-    -> threshold: detections at once
-    -> velocity, correlation: one row per (event, key group: the rules on one key
-       expression) through the keyed operator, keyed by (key group, bucket of the key):
-       the JVM's transformWithState (jvm_operator.py, `keyed_operator` "jvm") or
+       per event, each rule's conditions as generated code; per event one row per key
+       group (the velocity and correlation rules on one key expression) it enters,
+       plus one row, at most, of each of: its threshold matches (the rules' indexes),
+       its dead letter (a record that is no event), its context record for the
+       correlation rules fed by a velocity rule (`event_rows`)
+    -> the first keyed operator, keyed by (key group, bucket of the key): the JVM's
+       transformWithState (jvm_operator.py, `keyed_operator` "jvm") or
        transformWithStateInPandas with the bucket's keys and their rules' sub-states
        in one state value, read and written once per batch (processor.py, "python");
-       the two write the same rows
+       the two write the same rows; the rows of no key group pass through it
     -> the second keyed operator, chained behind the first in every plan (`_chain`):
        correlation rules fed by a velocity rule (`velocity_filter_rule_id`) judge that
-       rule's emits (`emit_to_sink: false`) of the same micro-batch, with their context
-       records from a third scan of the input; the first operator's detections and dead
-       letters pass through it
+       rule's emits (`emit_to_sink: false`) of the same micro-batch and the context
+       records; everything else passes through it
+    -> threshold matches made detection rows (`threshold_detections`)
     -> detections / dead letters, one Kafka write with a per-row topic (sink,
        dead-letter topic)
 
-Every plan has the same shape whatever the rules (three references to the one Kafka
-source, two stateful operators), because a query restarted on its checkpoint must
-name the same sources and operators: a chain that came and went with the fed
-correlation rules was refused by the checkpoint at the next rule change.
+Why one line: Spark plans a DataFrame that feeds two branches of a streaming query
+once per branch, so a branch for the threshold rules, or for the context records,
+would scan and parse the input once more (the plan had three scans before), and the
+output of a stateful operator split into two branches would be two operators with two
+states. Every plan has the same shape whatever the rules (one Kafka source, two
+stateful operators), because a query restarted on its checkpoint must name the same
+sources and operators: a chain that came and went with the fed correlation rules was
+refused by the checkpoint at the next rule change.
 
 A rule change is a new plan: when the registry's snapshot changes, the query finishes
 its batch in flight and restarts in this process on the same checkpoint (same query id,
@@ -51,7 +56,7 @@ from pathlib import Path
 from typing import Literal
 
 from confluent_kafka import Producer
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
@@ -63,7 +68,7 @@ from spark_jobs.kafka import admin
 from spark_jobs.kafka.client_config import with_bootstrap
 from spark_jobs.kafka.spark_io import read_stream, write_stream
 from spark_jobs.rules.model import job_watermark_delay_s
-from spark_jobs.streaming.compiled import SKIP_SEP, RuleRow, fan_out, key_rows, read_snapshot, rows_of
+from spark_jobs.streaming.compiled import SKIP_SEP, RuleRow, key_rows, read_snapshot, rows_of, rule_identity
 from spark_jobs.streaming.jvm_operator import keyed_operator as jvm_keyed_operator
 from spark_jobs.streaming.processor import (
     CHAINED_SCHEMA,
@@ -193,10 +198,12 @@ def _iso(ts: float) -> str:
 
 # The plan's shape (job.py `build`), recorded per checkpoint: a checkpoint written by
 # another shape has other sources and stateful operators, which Spark would refuse or,
-# worse, read into the wrong operator. "chain-1": three source references, two keyed
-# operators, no detect.routed topic. A checkpoint from before the record existed (a
-# query ran on it) was written by the single operator that routed through Kafka.
-PLAN_LAYOUT = "chain-1"
+# worse, read into the wrong operator. "line-1": one source reference, two keyed
+# operators, every row through both. Before it, "chain-1": three source references
+# (threshold, first operator, context records), two keyed operators. A checkpoint from
+# before the record existed (a query ran on it) was written by the single operator
+# that routed through Kafka.
+PLAN_LAYOUT = "line-1"
 OLD_PLAN_LAYOUT = "routed-topic"
 
 
@@ -211,7 +218,7 @@ def plan_layout(cfg: DetectConfig) -> str:
         if v != PLAN_LAYOUT:
             raise ValueError(
                 f"checkpoint {cfg.checkpoint} was written by the plan layout {v!r} and this job runs {PLAN_LAYOUT!r} "
-                "(velocity emits for correlation judged in the job, no detect.routed topic): its state and offsets "
+                "(one scan of the input, two keyed operators): its state and offsets "
                 "cannot be resumed; start on a new checkpoint (a new --checkpoint path), which reads the topics "
                 "from --starting-offsets")
 
@@ -325,28 +332,74 @@ def _skipped() -> Column:
     return F.collect_list(F.when(F.col("_skip").isNotNull(), F.concat_ws(SKIP_SEP, "rule_id", "_skip"))).alias("rows")
 
 
-def threshold_rows(raw: DataFrame, rules: Sequence[RuleRow]) -> DataFrame:
-    """Per (event, threshold rule it passes) one row, plus each record that is not an
-    event once (rule_id NULL, `_reason` set); rows a value the rule cannot read kept
-    from passing are counted (observed `skipped_threshold`) and dropped."""
-    rows = fan_out(raw, [r for r in rules if r.rule_type == "threshold"], keep_malformed=True)
-    return rows.observe("skipped_threshold", _skipped()).filter(F.col("_skip").isNull())
+def _carry(**given: Column) -> Column:
+    """A pass row's columns (OUTPUT_SCHEMA's but topic, seq and raw, which a row has of
+    its own): `given`, the rest NULL."""
+    types = {f.name: f.dataType for f in OUTPUT_SCHEMA.fields}
+    return F.struct(*[(given[c] if c in given else F.lit(None)).cast(types[c]).alias(c) for c in _PASSED])
 
 
-def keyed_rows(raw: DataFrame, rules: Sequence[RuleRow], max_ahead_ms: int) -> tuple[DataFrame, list[Slot]]:
-    """The stateful operator's input: per (event, key group of the velocity/correlation
-    rules) one row with its key, the event once and the indexes of the group's rules it
-    enters, with their times and values (compiled.key_rows); and the slots that say
-    which rule each index names (given to the processor, not carried by the rows).
+def event_rows(raw: DataFrame, rules: Sequence[RuleRow], fed: set[str], max_ahead_ms: int,
+               skipped_metric: str | Observation = "skipped_keyed") -> tuple[DataFrame, list[Slot]]:
+    """The first operator's input, from the one scan of the input (`raw`, classified):
+    per event one row per key group of the velocity and unfed correlation rules it
+    enters (compiled.key_rows), and rows that only pass through the operators
+    (`_pass`, PASS_GID):
 
-    An (event, rule) without a key or a value does not enter (DESIGN.md: a missing value
-    is no error, and most events of a shared topic lack most rules' fields). A value
-    that is there but cannot be read (a non-number where the rule sums or compares
-    numbers) is counted per rule and reason (observed `skipped_keyed`), so "why did
-    nothing fire" has an answer in the status.
+    - a record that is no event: once, kind "dead";
+    - an event that passes threshold rules: once, kind "threshold", the indexes of the
+      rules it passes in `rule_id` (`threshold_detections` makes them rows, behind the
+      operators): per event, not per (event, rule), across the shuffles;
+    - an event of a topic that the correlation rules fed by a velocity rule (`fed`)
+      read as context: once, kind "context", judged by the second operator (`_chain`).
+
+    Values the rules cannot read are observed as `skipped_metric`, threshold rules' too.
     """
-    return key_rows(raw, [r for r in rules if r.rule_type != "threshold"], max_ahead_ms=max_ahead_ms,
-                    skipped_metric="skipped_keyed")
+    keyed = [r for r in rules if r.rule_type != "threshold" and r.rule_id not in fed]
+    context_topics = sorted({r.topic for r in rules if r.rule_id in fed and r.route_from is None})
+    event = F.col("_reason").isNull()
+    threshold = threshold_of(rules)
+    passing = [(~event, _carry(kind=F.lit("dead"), ts_ms=F.col("proc_ms"), reason=F.col("_reason")))]
+    if threshold:
+        passing.append((event & (F.col("_tm") != F.lit("")),
+                        _carry(kind=F.lit("threshold"), rule_id=F.col("_tm"), ts_ms=F.col("proc_ms"))))
+    if context_topics:
+        passing.append((event & F.col("in_topic").isin(*context_topics),
+                        _carry(kind=F.lit("context"), ts_ms=F.col("proc_ms"))))
+    return key_rows(raw, keyed, max_ahead_ms=max_ahead_ms, skipped_metric=skipped_metric, passing=passing,
+                    threshold=threshold)
+
+
+def threshold_of(rules: Sequence[RuleRow]) -> list[RuleRow]:
+    return [r for r in rules if r.rule_type == "threshold"]
+
+
+def threshold_detections(rows: DataFrame, threshold: Sequence[RuleRow]) -> DataFrame:
+    """Rows of OUTPUT_SCHEMA's columns, an event's threshold matches ("threshold", the
+    rules' indexes in `rule_id`) among them -> one detection row per (event, threshold
+    rule it passed); the other rows as they are."""
+    matched = F.col("kind") == F.lit("threshold")
+    rows = rows.select("*", F.explode(F.when(matched, F.split("rule_id", ",")).otherwise(F.array(F.lit(None))))
+                       .alias("_ti"))
+    identity = rule_identity(F.col("_ti").cast("int"), threshold)
+    return rows.select(*[
+        F.when(matched, F.lit("detection")).otherwise(F.col("kind")).alias("kind") if c == "kind"
+        else F.when(matched, identity[c]).otherwise(F.col(c)).alias(c) if c in identity
+        else F.col(c)
+        for c in OUTPUT_COLUMNS
+    ])
+
+
+def _operator_input(rows: DataFrame, buckets: int) -> DataFrame:
+    """Key rows with `_pass` -> an operator's input: the pass rows' columns spread out,
+    and each row's bucket (a pass row's by its event and kind, so pass rows are handed
+    on in parallel: PASS_BUCKETS groups)."""
+    passes = F.col("gid") == F.lit(PASS_GID)
+    return rows.select(
+        *[c for c in rows.columns if c not in ("wm", "_pass")], *[F.col(f"_pass.{c}").alias(c) for c in _PASSED],
+        F.when(passes, F.pmod(F.xxhash64("seq", "_pass.kind", "_pass.rule_id"), F.lit(PASS_BUCKETS)))
+        .otherwise(F.pmod(F.xxhash64("k"), F.lit(buckets))).cast("int").alias("bucket"),
+    )
 
 
 def build(spark: SparkSession, cfg: DetectConfig, watermark_delay_s: float, topics: list[str],
@@ -357,50 +410,42 @@ def build(spark: SparkSession, cfg: DetectConfig, watermark_delay_s: float, topi
     with `rules` (the rule set in force) compiled into it (compiled.py), velocity and
     correlation through the keyed `operator` ("jvm" or "python": the same rows).
 
+    One line from one scan of the input to one Kafka write: every event's threshold
+    matches, dead letters and context records pass through both keyed operators
+    (event_rows), because a DataFrame that feeds two branches of a streaming query is
+    planned once per branch (the input scanned and parsed once more per branch).
+
     Records in `quarantined` offset ranges are dead letters, never evaluated (quarantine.py).
     """
     raw = classify(_with_fault(_input(spark, cfg, topics, min_partitions, quarantined)))
     raw = raw.withColumn("_reason", F.coalesce(F.col("_quarantine"), F.col("_reason")))
 
-    # Threshold detections and the records that are not events: one scan.
-    threshold = threshold_rows(raw, rules)
-    matched = F.col("rule_id").isNotNull()
-    threshold_records = _records(
-        threshold.withColumn("ts_ms", F.col("proc_ms")).withColumn("reason", F.col("_reason")),
-        F.when(matched, F.lit("detection")).otherwise(F.lit("dead")),
-        F.lit(""),
-        cfg,
-    )
-
-    # Velocity and correlation: the other scans, through the chain of two stateful
-    # operators (which also dead-letter late rows and event-time rows without a usable
-    # timestamp). Correlation rules fed by a velocity rule (`velocity_filter_rule_id`)
-    # are the second operator's; every other keyed rule is the first's.
+    # Correlation rules fed by a velocity rule (`velocity_filter_rule_id`) are the second
+    # operator's; every other keyed rule is the first's (which also dead-letters late
+    # rows and event-time rows without a usable timestamp).
     keyed_rules = [r for r in rules if r.rule_type != "threshold"]
     fed = {r.rule_id for r in keyed_rules if r.route_from is not None}
     delay_ms = int(watermark_delay_s * 1000)
-    keyed, slots = keyed_rows(raw, [r for r in keyed_rules if r.rule_id not in fed], max_ahead_ms=max(1_000, delay_ms))
+    max_ahead_ms = max(1_000, delay_ms)
+    keyed, slots = event_rows(raw, rules, fed, max_ahead_ms)
     # The job watermark: bounded out-of-orderness over the event times of the rows'
-    # event-time rules (`wm`). The metadata is then projected away so Spark does not
-    # drop late rows silently; the processor dead-letters them instead.
+    # event-time rules (`wm`; NULL on pass rows). The metadata is then projected away so
+    # Spark does not drop late rows silently; the processor dead-letters them instead.
     watermarked = keyed.withColumn("wm_ts", F.timestamp_millis(F.col("wm"))).withWatermark(
         "wm_ts", f"{delay_ms} milliseconds")
-    stateful_in = watermarked.select(
-        *[c for c in keyed.columns if c != "wm"],
-        F.pmod(F.xxhash64("k"), F.lit(buckets)).cast("int").alias("bucket"),
-    )
+    stateful_in = _operator_input(watermarked.drop("wm_ts"), buckets)
     defs_dir = str(cfg.state_dir / RULE_DEFS)
     if operator == "jvm":
         first = jvm_keyed_operator(stateful_in, slots, defs_dir, place="first")
     else:
         first = stateful_in.groupBy("gid", "bucket").transformWithStateInPandas(
-            DetectionProcessor(slots, defs_dir, chained=True), CHAINED_SCHEMA, "Append", "EventTime",
+            DetectionProcessor(slots, defs_dir, chained=True, passes=True), CHAINED_SCHEMA, "Append", "EventTime",
             eventTimeColumnName="et",
         )
-    out = _chain(first, raw, [r for r in keyed_rules if r.rule_id in fed], buckets, defs_dir, operator,
-                 max_ahead_ms=max(1_000, delay_ms))
+    out = _chain(first, [r for r in keyed_rules if r.rule_id in fed], buckets, defs_dir, operator, max_ahead_ms)
+    out = threshold_detections(out, threshold_of(rules))
 
-    members = F.when(
+    members = F.when(F.col("rule_type") == "threshold", F.lit("")).when(
         F.col("rule_type") == "velocity", velocity_members(F.col("agg_type"), F.col("agg_value"))
     ).otherwise(
         correlation_members(
@@ -408,58 +453,51 @@ def build(spark: SparkSession, cfg: DetectConfig, watermark_delay_s: float, topi
             F.col("metric_value"), F.col("ctx_record"), F.col("emit_context"),
         )
     )
-    return threshold_records.unionByName(_records(out, F.col("kind"), members, cfg))
+    return _records(out, F.col("kind"), members, cfg)
 
 
-# The first operator's output columns a pass row carries besides the event's own
-# (topic, seq, raw: the key rows' columns of the same name).
+# The pass rows' columns besides the event's own (topic, seq, raw: the key rows'
+# columns of the same name).
 _PASSED = [c for c in OUTPUT_COLUMNS if c not in ("topic", "seq", "raw")]
-# Pass rows are spread over this many groups (by the event's arrival position) so the
-# second operator hands them on in parallel; they hold no state.
+# Pass rows are spread over this many groups (by the event's arrival position) so an
+# operator hands them on in parallel; they hold no state.
 PASS_BUCKETS = 64
 
 
-def _chain(first: DataFrame, raw: DataFrame, rows: list[RuleRow], buckets: int, defs_dir: str,
-           operator: KeyedOperator, max_ahead_ms: int) -> DataFrame:
+def _chain(first: DataFrame, rows: list[RuleRow], buckets: int, defs_dir: str, operator: KeyedOperator,
+           max_ahead_ms: int) -> DataFrame:
     """The second operator, present in every plan (with no rules when no correlation
     rule in force is fed by a velocity rule): the fed correlation rules `rows` on the
     first operator's routed emits of this micro-batch and on their context records
-    (`raw` scanned once more, always, so the plan keeps its sources); the first
-    operator's other rows pass through it, in groups of their own (PASS_GID).
-
-    Why all of `first` goes through it, in one projection: Spark plans a DataFrame that
-    feeds two branches of a streaming query once per branch, and a stateful operator
-    planned twice is two operators with two states, each judging every key.
+    (the events the first operator handed on as kind "context"); every other row of
+    the first operator passes through it, in groups of their own (PASS_GID).
 
     A routed emit enters as the event it is (its topic and arrival position: the
     correlation's detection id is the one the backtest gives) under the in-plan label
     ROUTED_TOPIC with the velocity rule's id (`route_from`), which compiled.py's routed
     rule rows test; it has no broker time (`proc_ms` NULL) and is not judged late a
     second time. The emits of a velocity rule that no fed rule in force reads (disabled,
-    gone) enter no rule and go nowhere (DESIGN.md). The context branch carries no
-    watermark of its own: the job's one watermark comes through the first operator
-    (a second watermark would hold the job's back, by Spark's min policy, whenever a
-    context topic is quieter than the primaries').
+    gone) enter no rule and go nowhere (DESIGN.md). Context records carry no watermark
+    of their own: the job's one watermark comes through the first operator (a second
+    one would hold the job's back, by Spark's min policy, whenever a context topic is
+    quieter than the primaries').
     """
     routed = F.col("kind") == F.lit("routed")
+    context = F.col("kind") == F.lit("context")
+    judged = routed | context
     emits = first.select(
-        F.when(routed, F.lit(ROUTED_TOPIC)).alias("in_topic"), "topic", "seq",
+        F.when(routed, F.lit(ROUTED_TOPIC)).when(context, F.col("topic")).alias("in_topic"), "topic", "seq",
         F.when(routed, F.col("rule_id")).alias("route_from"), "raw",
-        F.lit(None).cast("long").alias("proc_ms"),
-        F.when(~routed, F.struct(*_PASSED)).alias("_pass"),
-        # Only the routed emits are parsed again; a pass row is never looked into.
-        F.when(routed, parse_variant(F.col("raw"))).alias("v"),
+        F.when(context, F.col("ts_ms")).cast("long").alias("proc_ms"),
+        F.when(~judged, F.struct(*_PASSED)).alias("_carry"),
+        # Only the rows judged here are parsed again; a pass row is never looked into
+        # (no parse: its `_reason` keeps it out of every key group).
+        F.when(judged, parse_variant(F.col("raw"))).alias("v"),
     )
-    emits = with_reasons(emits)
-    from_first, slots = key_rows(emits, rows, max_ahead_ms=max_ahead_ms, skipped_metric="skipped_routed",
-                                 passing="_pass")
-    context, _ = key_rows(raw, rows, max_ahead_ms=max_ahead_ms, skipped_metric="skipped_context")
-    passes = F.col("gid") == F.lit(PASS_GID)
-    stateful_in = from_first.unionByName(context, allowMissingColumns=True).select(
-        *[c for c in context.columns if c != "wm"], *[F.col(f"_pass.{c}").alias(c) for c in _PASSED],
-        F.when(passes, F.pmod(F.xxhash64("seq", "_pass.rule_id"), F.lit(PASS_BUCKETS)))
-        .otherwise(F.pmod(F.xxhash64("k"), F.lit(buckets))).cast("int").alias("bucket"),
-    )
+    from_first, slots = key_rows(with_reasons(emits), rows, max_ahead_ms=max_ahead_ms,
+                                 skipped_metric="skipped_routed",
+                                 passing=[(F.col("_carry").isNotNull(), F.col("_carry"))])
+    stateful_in = _operator_input(from_first, buckets)
     if operator == "jvm":
         return jvm_keyed_operator(stateful_in, slots, defs_dir, place="second")
     return stateful_in.groupBy("gid", "bucket").transformWithStateInPandas(

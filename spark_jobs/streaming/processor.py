@@ -133,10 +133,13 @@ OUTPUT_COLUMNS = [f.name for f in OUTPUT_SCHEMA.fields]
 # (eventTimeColumnName) that is not behind its watermark: `et`, the row's own time or the
 # watermark + 1 ms, whichever is later (only for Spark; the row's time stays in ts_ms).
 CHAINED_SCHEMA = StructType([*OUTPUT_SCHEMA.fields, StructField("et", TimestampType())])
-# The second operator's groups of rows that only pass through it: the first operator's
-# detections and dead letters, which reach the sink through the chain because a stateful
-# operator whose output feeds two branches of a plan is planned twice, each copy with a
-# state of its own. No rule's key group is this (key groups are JSON paths).
+# The operators' groups of rows that only pass through them: each event's threshold
+# matches, dead letters and (for the second operator's correlation rules) context
+# records, then the first operator's own detections and dead letters. The plan is one
+# line from its one scan of the input to the sink, because Spark plans a DataFrame
+# that feeds two branches of a streaming query once per branch: a second scan and
+# parse of the input, or a stateful operator twice, each copy with a state of its own.
+# No rule's key group is this (key groups are JSON paths).
 PASS_GID = "\u0000pass"
 
 _RULES: dict[tuple[str, str], tuple[AnyRule, str]] = {}
@@ -420,8 +423,9 @@ class DetectionProcessor(StatefulProcessor):
     def __init__(self, slots: Sequence[Slot], defs_dir: str | None = None, chained: bool = False,
                  passes: bool = False) -> None:
         """`chained`: a second operator follows, so the output is CHAINED_SCHEMA; `passes`:
-        this is that second operator, and the rows of the PASS_GID groups are the first
-        operator's output, handed on as they came."""
+        the rows of the PASS_GID groups (OUTPUT_SCHEMA's columns among the input's: the
+        events' threshold matches, dead letters and context records, then the first
+        operator's own output) are handed on as they came."""
         self.slots = list(slots)
         self.defs_dir = defs_dir
         self.chained = chained
@@ -495,10 +499,14 @@ class DetectionProcessor(StatefulProcessor):
     # -- the API -------------------------------------------------------------------------
     def handleInputRows(self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any) -> Iterator[pd.DataFrame]:
         if self.passes and key[0] == PASS_GID:
-            for pdf in rows:  # column batches in, the same out: no row is touched in Python
+            floor = timerValues.getCurrentWatermarkInMs() + 1
+            for pdf in rows:  # column batches in, the same out: no row is looked at in Python
                 if len(pdf):
                     out = pdf[OUTPUT_COLUMNS]
-                    out.columns = range(len(OUTPUT_COLUMNS))
+                    if self.chained:  # `et` as _frame stamps it: ts_ms, or the watermark + 1 ms
+                        ts = pd.to_numeric(out["ts_ms"]).fillna(0).clip(lower=floor).astype("int64")
+                        out = out.assign(et=pd.to_datetime(ts, unit="ms", utc=True))
+                    out.columns = range(len(out.columns))
                     yield out
             return
         by_rule = self._rows_by_rule(rows)

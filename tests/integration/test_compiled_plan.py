@@ -1,7 +1,8 @@
 """Property: the live plan's compiled rule set (compiled.py) passes exactly the (event,
 rule) pairs the plain-Python reference evaluator passes, on random rules and events:
-threshold rules (one row per pair) and velocity rules (one row per (event, key group),
-the pairs named by index in it, and the values they cannot read observed per pair).
+threshold rules (one row per event with the rules it passes, made one detection per
+pair behind the operators) and velocity rules (one row per (event, key group), the
+pairs named by index in it), and the values they cannot read observed per pair.
 
 The compiled plan groups rules by source topic, routes the rules that test one path for
 equality with a string by a CASE on the event's value, and looks for unreadable values
@@ -23,8 +24,9 @@ from pyspark.sql import functions as F
 from reference_engine import compare, get_path, parse_event, parse_number
 
 from spark_jobs.engine.events import classify
-from spark_jobs.streaming.compiled import fan_out, key_rows, rows_of
-from spark_jobs.streaming.job import threshold_rows
+from spark_jobs.streaming.compiled import key_rows, rows_of
+from spark_jobs.streaming.job import event_rows, threshold_detections, threshold_of
+from spark_jobs.streaming.processor import PASS_GID
 from spark_jobs.streaming.registry import ROUTED_TOPIC
 
 pytestmark = [pytest.mark.spark]
@@ -129,14 +131,22 @@ def _compiled_input(spark, tmp_path_factory, rule_list: list[dict], evs: list[tu
          evs=[("e", '{"type": "a", "n": 5, "m": 0}'), ("e", '{"type": "a", "n": 5, "m": 2}'), ("f", '{"type": "a"}')])
 def test_compiled_rules_pass_what_the_reference_passes(spark, tmp_path_factory, rule_list, evs):
     rows, raw = _compiled_input(spark, tmp_path_factory, rule_list, evs)
-    # threshold_rows drops the skipped rows after counting them (observed metric); the
-    # rows before that step are the compiled fan-out itself.
-    out = threshold_rows(raw, rows)
-    got = {(r["seq"], r["rule_id"]) for r in out.collect() if r["rule_id"] is not None}
-    dead = {r["seq"] for r in out.collect() if r["rule_id"] is None}
+    carried = _carried(raw, rows)
+    # One row per event, whatever number of rules it passes.
+    matched = [r["seq"] for r in carried.filter(F.col("kind") == "threshold").collect()]
+    assert len(matched) == len(set(matched))
+    out = threshold_detections(carried, threshold_of(rows)).collect()
+    got = {(r["seq"], r["rule_id"]) for r in out if r["kind"] == "detection"}
+    dead = {r["seq"] for r in out if r["kind"] == "dead"}
     passed, _ = _reference(rule_list, evs)
     assert got == passed
     assert dead == {seq for seq, (_, text) in enumerate(evs) if parse_event(text) is None}
+
+
+def _carried(raw, rows, skipped_metric: str | Observation = "skipped_keyed"):
+    """The rows the live plan carries through its operators (OUTPUT_SCHEMA's columns)."""
+    keyed, _ = event_rows(raw, rows, set(), 5_000, skipped_metric)
+    return keyed.filter(F.col("gid") == PASS_GID).select("topic", "seq", "raw", "_pass.*")
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
@@ -144,9 +154,15 @@ def test_compiled_rules_pass_what_the_reference_passes(spark, tmp_path_factory, 
 @given(rule_list=rules(), evs=events())
 def test_compiled_rules_count_the_values_they_cannot_read(spark, tmp_path_factory, rule_list, evs):
     rows, raw = _compiled_input(spark, tmp_path_factory, rule_list, evs)
-    out = fan_out(raw, rows).filter(F.col("_skip").isNotNull()).select("seq", "rule_id").collect()
-    _, skipped = _reference(rule_list, evs)
-    assert {(r["seq"], r["rule_id"]) for r in out} == skipped
+    skips = Observation("skips")
+    _carried(raw, rows, skips).collect()
+    expected: Counter = Counter()
+    for seq, rule_id in _reference(rule_list, evs)[1]:
+        obj = parse_event(evs[seq][1])
+        conds = next(r for r in rule_list if r["rule_id"] == rule_id)["conditions"]
+        first = next(c for c, u in zip(conds, _judged(obj, conds)[1], strict=True) if u)
+        expected[(rule_id, f"value at {_path_text(first['field'])} is not a number")] += 1
+    assert Counter(tuple(e.split("\u001f")) for e in skips.get["rows"]) == expected
 
 
 @st.composite

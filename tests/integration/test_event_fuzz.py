@@ -3,7 +3,7 @@
 Hypothesis draws batches of events (arbitrary JSON with the field names the rules read,
 extreme numbers, NaN/Infinity literals, non-JSON text) and runs them through every
 stage that reads event data: the backtest end to end, the live job's plan on a real
-Spark session (its threshold and keyed fan-out, with the rules compiled into it) and its keyed
+Spark session (its event rows: threshold matches and key groups, with the rules compiled into it) and its keyed
 Python operator (pyspark's TwsTester). The only allowed outcomes are detections, dead
 letters and counted skips.
 """
@@ -23,8 +23,8 @@ from spark_jobs.backtest.inputs import InputSpec
 from spark_jobs.backtest.runner import BacktestConfig, run_backtest
 from spark_jobs.engine.events import classify
 from spark_jobs.streaming.compiled import rows_of
-from spark_jobs.streaming.job import keyed_rows, threshold_rows
-from spark_jobs.streaming.processor import OUTPUT_SCHEMA, DetectionProcessor
+from spark_jobs.streaming.job import event_rows, threshold_detections, threshold_of
+from spark_jobs.streaming.processor import OUTPUT_SCHEMA, PASS_GID, DetectionProcessor
 from spark_jobs.streaming.registry import ROUTED_TOPIC
 
 pytestmark = [pytest.mark.spark]
@@ -69,10 +69,10 @@ def _live_rows(spark, lines: list[str], defs: Path) -> tuple[list, list, list]:
     raw = spark.createDataFrame([(i, line) for i, line in enumerate(lines)], "seq long, raw string").select(
         F.lit("e").alias("in_topic"), F.lit("e").alias("topic"), "seq", F.lit(None).cast("string").alias("route_from"),
         "raw", F.lit(1767600000000).cast("long").alias("proc_ms"))
-    events = classify(raw)
-    threshold = threshold_rows(events, rules).select("rule_id", "_reason").collect()
-    keyed, slots = keyed_rows(events, rules, max_ahead_ms=5_000)
-    return threshold, keyed.collect(), slots
+    rows, slots = event_rows(classify(raw), rules, set(), max_ahead_ms=5_000)
+    carried = rows.filter(F.col("gid") == PASS_GID).select("topic", "seq", "raw", "_pass.*")
+    threshold = threshold_detections(carried, threshold_of(rules)).select("kind", "rule_id", "reason").collect()
+    return threshold, rows.filter(F.col("gid") != PASS_GID).drop("_pass").collect(), slots
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
@@ -88,7 +88,8 @@ def test_any_event_against_any_rule_never_raises(spark, tmp_path_factory, lines)
     assert isinstance(summary, dict)
 
     threshold, keyed, slots = _live_rows(spark, lines, work / "defs")
-    assert all(r["rule_id"] is not None or r["_reason"] for r in threshold)
+    assert all(r["rule_id"] is not None if r["kind"] == "detection" else r["kind"] == "dead" and r["reason"]
+               for r in threshold)
     # The keyed operator's Python, as the live job calls it (one call per key group).
     tester = TwsTester(DetectionProcessor(slots, str(work / "defs")), timeMode="EventTime",
                        eventTimeExtractor=lambda r: 1 << 62)

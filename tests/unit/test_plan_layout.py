@@ -28,6 +28,7 @@ def test_a_checkpoint_from_before_the_record_is_refused(tmp_path: Path):
 
 
 def test_another_recorded_layout_is_refused(tmp_path: Path):
-    (tmp_path / "plan_layout").write_text("chain-0")
-    with pytest.raises(ValueError, match="chain-0"):
+    # chain-1: the three-scan plan before the one-line plan.
+    (tmp_path / "plan_layout").write_text("chain-1")
+    with pytest.raises(ValueError, match="chain-1"):
         plan_layout(DetectConfig(checkpoint=tmp_path))

@@ -73,7 +73,7 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
      * chained: a second operator follows, so every output row carries `et` (processor.py
      * CHAINED_SCHEMA) as a java.time.Instant when java8Time, else a java.sql.Timestamp
      * (what Spark's row encoder expects under spark.sql.datetime.java8API.enabled);
-     * passes: this is that second operator, the PASS_GID groups' rows handed on as they came.
+     * passes: the PASS_GID groups' rows are handed on as they came (stamped when chained).
      */
     public DetectionProcessor(String specJson, String[] columns, boolean chained, boolean passes, boolean java8Time) {
         this.specJson = specJson;
@@ -107,7 +107,7 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
                 for (int i = 0; i < names.length; i++) {
                     passCols[i] = cols.indexOf(names[i]);
                     if (passCols[i] < 0) {
-                        throw new IllegalArgumentException("second operator input lacks column " + names[i]);
+                        throw new IllegalArgumentException("operator input with pass rows lacks column " + names[i]);
                     }
                 }
             }
@@ -163,11 +163,17 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
     public scala.collection.Iterator<Row> handleInputRows(Row key, scala.collection.Iterator<Row> rows,
                                                           TimerValues timerValues) {
         if (passes && PASS_GID.equals(key.getString(0))) {
-            // Lazily, row for row: nothing of a pass group is held or looked at.
+            // Lazily, row for row: nothing of a pass group is held or looked at. The
+            // first operator stamps `et` as on its own rows.
+            long floor = timerValues.getCurrentWatermarkInMs() + 1;
+            int n = passCols.length + (chained ? 1 : 0);
             return rows.map(r -> {
-                Object[] v = new Object[passCols.length];
-                for (int i = 0; i < v.length; i++) {
+                Object[] v = new Object[n];
+                for (int i = 0; i < passCols.length; i++) {
                     v[i] = r.get(passCols[i]);
+                }
+                if (chained) {
+                    v[passCols.length] = eventTime(Math.max(v[7] == null ? 0L : (Long) v[7], floor));
                 }
                 return RowFactory.create(v);
             });
@@ -328,9 +334,14 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
             for (int j = 0; j < r.length(); j++) {
                 v[j] = r.get(j);
             }
-            v[r.length()] = java8Time ? (Object) java.time.Instant.ofEpochMilli(et) : new java.sql.Timestamp(et);
+            v[r.length()] = eventTime(et);
             out.set(i, RowFactory.create(v));
         }
+    }
+
+    /** `et` as Spark's row encoder expects it (java8Time: an Instant). */
+    private Object eventTime(long ms) {
+        return java8Time ? java.time.Instant.ofEpochMilli(ms) : new java.sql.Timestamp(ms);
     }
 
     /** `x or y` of Python on an optional time: 0 is falsy there too. */

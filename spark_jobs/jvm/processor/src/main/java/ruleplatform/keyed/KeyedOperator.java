@@ -59,12 +59,13 @@ public final class KeyedOperator {
     /**
      * The first operator of the live plan's chain: as {@link #apply}, its output
      * CHAINED_SCHEMA with `et` as the event-time column, so a second stateful operator
-     * can follow it.
+     * can follow it; its PASS_GID groups (the events' threshold matches, dead letters and
+     * context records, OUTPUT_SCHEMA's columns among `in`'s) are handed on, stamped.
      */
     public static Dataset<Row> first(Dataset<Row> in, String specJson) {
         boolean java8 = Boolean.parseBoolean(in.sparkSession().conf().get("spark.sql.datetime.java8API.enabled", "false"));
         return grouped(in).transformWithState(
-                new DetectionProcessor(specJson, in.schema().fieldNames(), true, false, java8), "et",
+                new DetectionProcessor(specJson, in.schema().fieldNames(), true, true, java8), "et",
                 OutputMode.Append(), Encoders.row(CHAINED_SCHEMA));
     }
 
