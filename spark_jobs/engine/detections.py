@@ -16,7 +16,6 @@ from spark_jobs.engine.emits import json_member, json_string, rule_head
 
 DETECTION_COLUMNS = ["detection_id", "rule_id", "rule_version", "rule_type", "topic", "seq", "ts_ms", "value"]
 _SEP = "\u001f"
-_JSON_SPACE = " \t\n\r"
 
 
 def detection_id(rule_id: Column, version: Column, topic: Column, raw: Column) -> Column:
@@ -51,11 +50,15 @@ def detection_value(raw: Column, head: Column, extra: Column, did: Column, proce
         F.when(extra != F.lit(""), extra),
     )
     # An event is a JSON object: its text ends with `}` and JSON whitespace. The
-    # members go in before that brace; a comma first unless the object is empty.
-    text = F.rtrim(raw, F.lit(_JSON_SPACE))
-    body = F.substring(text, F.lit(1), F.length(text) - F.lit(1))
-    empty_object = F.rtrim(body, F.lit(_JSON_SPACE)) == F.lit("{")
-    return F.concat(body, F.when(empty_object, F.lit("")).otherwise(F.lit(",")), members, F.lit("}"))
+    # members go in before that brace (the last `}`); a comma first unless the object
+    # is empty (a member has a `:`, an empty object none). Cut by bytes, as binary: a
+    # string's trim with a set of characters and its substring count characters from
+    # the start, with two int arrays the size of the text per trim (a tenth of the live
+    # job's CPU went there).
+    after = F.substring_index(raw, "}", -1)
+    body = F.substring(raw.cast("binary"), F.lit(1), F.octet_length(raw) - F.octet_length(after) - F.lit(1))
+    empty_object = ~raw.contains(":")
+    return F.concat(body.cast("string"), F.when(empty_object, F.lit("")).otherwise(F.lit(",")), members, F.lit("}"))
 
 
 def render(emits: DataFrame, processed: Column | None = None) -> DataFrame:
