@@ -56,6 +56,11 @@ def _source_options(
         # are retried for a minute before the query gives up (Spark's default: 3 tries).
         "fetchOffset.numRetries": "60",
         "fetchOffset.retryIntervalMs": "1000",
+        # A query reads offset ranges that exist: a fetch that finds nothing new (the
+        # consumer's prefetch at the end of the log) must not hold the next one for
+        # the broker's default 500 ms, which one task of every live micro-batch waited
+        # (measured: the batch's scan stage 934 -> 539 ms at 300 events/s).
+        "kafka.fetch.max.wait.ms": "10",
     }
     opts.update(spark_options(role))
     opts.update(options or {})
