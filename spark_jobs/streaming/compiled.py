@@ -234,7 +234,7 @@ def key_rows(events: DataFrame, rows: Sequence[RuleRow], max_ahead_ms: int = 5_0
     Why: with one row per (event, rule), the operator's per-row cost (pyspark's input
     path, regrouping, the event's text on every row) held the job down; the rules on
     one key are evaluated together instead (processor.py). Records that are not events
-    (`_reason` set) are left out: the threshold branch dead-letters them.
+    (`_reason` set) enter no key group (job.py `event_rows` carries them as dead letters).
 
     `threshold`: threshold rule rows, read in the same projections (each path once for
     both kinds of rule): `_tm` is, per event, the indexes ("0,3,7") of those it passes

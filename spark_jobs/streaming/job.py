@@ -300,10 +300,9 @@ def _records(rows: DataFrame, kind: Column, members: Column, cfg: DetectConfig) 
     """Rows with the emit columns, a kind (detection | dead) and a dead letter's reason
     -> Kafka records (topic, key, value), in one projection.
 
-    One projection, because a DataFrame under a union is computed once per branch: the
-    stateful operators' output split by kind would be two copies of the chain (each
-    with its own state, every key processed twice), the input split into detections
-    and dead letters two scans of the topics.
+    One projection, because a DataFrame that feeds two branches is computed once per
+    branch: the operators' output split by kind would be two copies of the chain (each
+    with its own state, every key processed twice) and two scans of the topics.
     """
     raw_bytes = F.octet_length(F.col("raw"))
     too_big = F.coalesce(raw_bytes > F.lit(MAX_RECORD_BYTES), F.lit(False))
