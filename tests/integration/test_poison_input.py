@@ -98,7 +98,11 @@ def poisoned(tmp_path_factory):
     now = _iso(now_ms)
     before = _normal(now_ms - 120_000, 5, 4, "a")
     produce(bs, "events.raw", before)
-    job.wait_for(lambda s: s.get("lag") == 0 and s.get("watermark"), timeout=120)
+    # Until a batch has read them and moved the watermark past the epoch, so the corpus
+    # (its 1970 event must be late) lands in a later batch. `lag` 0 alone can be a
+    # status from before the records were seen, and the status's watermark is a time
+    # text, "1970-01-01T00:00:00.000Z" before it moves.
+    job.wait_for(lambda s: s.get("lag") == 0 and (s.get("watermark") or "1970") > "1971", timeout=120)
     _produce_raw(bs, "events.raw", [(None, _materialise(e, now)) for e in CORPUS["events"]])
     _produce_raw(bs, "rules.active", [(e["key"].encode(), _materialise(e, now)) for e in CORPUS["rules"]])
     after = _normal(now_ms - 60_000, 5, 4, "b")
