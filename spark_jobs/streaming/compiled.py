@@ -153,7 +153,10 @@ def _matches_of(members: list[tuple[int, RuleRow]], checks: _Checks) -> Column:
         value = fv(route).str
         case: Column | None = None
         for text, group in routed.items():
-            part = F.concat_ws(",", *[F.when(_and([ok(c) for c in rest]), F.lit(str(n))) for n, _, rest in group])
+            # NULL, not "", when none of the group passes: concat_ws skips NULLs only,
+            # and an empty entry is no rule index.
+            part = F.nullif(F.concat_ws(",", *[F.when(_and([ok(c) for c in rest]), F.lit(str(n)))
+                                               for n, _, rest in group]), F.lit(""))
             case = F.when(value == F.lit(text), part) if case is None else case.when(value == F.lit(text), part)
         flags.insert(0, case)
     return F.concat_ws(",", *flags)
