@@ -348,11 +348,9 @@ def key_rows(events: DataFrame, rows: Sequence[RuleRow], max_ahead_ms: int = 5_0
                    F.lit(f"{r.rule_id}{SKIP_SEP}value at {r.val_path} is not a number"))
             for _, r in numeric if r.val_path]), F.lit(""))))
     events = events.select("*", *[e.alias(name) for name, e in shared.values()])
-    tm = [F.when(F.col("_reason").isNull(), match_list(threshold, checks)).otherwise(F.lit("")).alias("_tm")] \
-        if threshold else []
+    tm = [match_list(threshold, checks).alias("_tm")] if threshold else []
     events = events.select("*", *flags, F.concat_ws(SKIPS_SEP, *entries).alias("_skips"), *tm)
-    carried = list(passing)
-    pass_type = events.select(carried[0][1]).schema[0].dataType if carried else None
+    pass_type = events.select(passing[0][1]).schema[0].dataType if passing else None
 
     # Step 3: per key group of the event's source, one struct; exploded into rows.
     value_cols = [(c, "long") for c in tcol.values()] + [(c, "string") for c in acol.values()] + \
@@ -377,13 +375,13 @@ def key_rows(events: DataFrame, rows: Sequence[RuleRow], max_ahead_ms: int = 5_0
 
     # The carried rows of an input row: NULL entries where their condition fails
     # (filtered out below with the key groups the event does not enter).
-    carries = [F.when(cond, group_struct(PASS_GID, [], struct)) for cond, struct in carried]
+    carries = [F.when(cond, group_struct(PASS_GID, [], struct)) for cond, struct in passing]
     event = F.col("_reason").isNull()
     groups: Column | None = None
     for by_group in sources.values():
         r0 = rows[next(iter(by_group.values()))[0]]  # any row of the source: its source test
         arr = F.array(*[group_struct(g, members) for g, members in by_group.items()], *carries)
-        test = source(r0) & event if carried else source(r0)
+        test = source(r0) & event if passing else source(r0)
         groups = F.when(test, arr) if groups is None else groups.when(test, arr)
     if groups is None:  # no keyed rules: one struct per event with no rule, filtered out below
         groups = F.array(group_struct("", []), *carries)
@@ -394,9 +392,9 @@ def key_rows(events: DataFrame, rows: Sequence[RuleRow], max_ahead_ms: int = 5_0
     events = events.observe(skipped_metric, skipped.alias("rows"))
     exploded = events.select("topic", "seq", "raw", "proc_ms", F.explode(groups).alias("_g"))
     entered = (F.col("_g.m") != F.lit("")) & F.col("_g.k").isNotNull()
-    if carried:
+    if passing:
         entered = entered | (F.col("_g.gid") == F.lit(PASS_GID))
     out = exploded.filter(entered).select(
         "_g.gid", "_g.k", "_g.m", "topic", "seq", "raw", "proc_ms", "_g.wm", *[f"_g.{c}" for c, _ in value_cols],
-        *(["_g._pass"] if carried else []))
+        *(["_g._pass"] if passing else []))
     return out, slots

@@ -325,13 +325,6 @@ def _records(rows: DataFrame, kind: Column, members: Column, cfg: DetectConfig) 
     )
 
 
-def _skipped() -> Column:
-    """Observed per micro-batch: `rule_id<SEP>reason` of every (event, rule) row that a
-    value the rule cannot read kept from counting; the driver adds them up by rule and
-    reason into the status (`unreadable`)."""
-    return F.collect_list(F.when(F.col("_skip").isNotNull(), F.concat_ws(SKIP_SEP, "rule_id", "_skip"))).alias("rows")
-
-
 def _carry(**given: Column) -> Column:
     """A pass row's columns (OUTPUT_SCHEMA's but topic, seq and raw, which a row has of
     its own): `given`, the rest NULL."""
@@ -591,7 +584,7 @@ class StatusReporter:
     def count_unreadable(self, progress: dict) -> None:
         """Add one batch's observed skipped rows to the per-rule, per-reason totals."""
         metrics = progress.get("observedMetrics") or {}
-        for name in ("skipped_threshold", "skipped_keyed", "skipped_routed", "skipped_context"):
+        for name in ("skipped_keyed", "skipped_routed"):
             observed = metrics.get(name)  # a pyspark Row (or a dict, from JSON)
             try:
                 rows = (observed["rows"] if observed is not None else None) or []
