@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from confluent_kafka import Producer
@@ -140,3 +141,21 @@ def assert_same_detections(got: list[dict], expected: list[dict]) -> None:
         for key, value in want.items():
             if key != "processed":
                 assert same_value(have[key], value), (key, have, want)
+
+
+@contextlib.contextmanager
+def job_state_store(spark) -> Iterator[None]:  # noqa: ANN001 - a pyspark SparkSession
+    """The detection job's state store (transformWithState needs RocksDB) for the
+    queries started inside, in a test's shared session; its setting restored after."""
+    from spark_jobs.streaming.job import STATE_STORE
+
+    key = "spark.sql.streaming.stateStore.providerClass"
+    before = spark.conf.get(key, None)
+    spark.conf.set(key, STATE_STORE)
+    try:
+        yield
+    finally:
+        if before is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, before)

@@ -61,7 +61,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
 from spark_jobs.engine.correlation import correlation_members
-from spark_jobs.engine.detections import detection_id, detection_value, head_of
+from spark_jobs.engine.detections import detection_id, detection_value, head_of, processed_clock
 from spark_jobs.engine.events import classify, parse_variant, with_reasons
 from spark_jobs.engine.velocity import velocity_members
 from spark_jobs.kafka import admin
@@ -298,9 +298,9 @@ DEAD_LETTER_RAW_CHARS = 100_000
 
 def _records(rows: DataFrame, kind: Column, members: Column, cfg: DetectConfig) -> DataFrame:
     """Rows with the emit columns, a kind (detection | dead) and a dead letter's reason
-    -> Kafka records (topic, key, value), in one projection.
+    -> Kafka records (topic, key, value), in projections one after the other.
 
-    One projection, because a DataFrame that feeds two branches is computed once per
+    Not two branches, because a DataFrame that feeds two branches is computed once per
     branch: the operators' output split by kind would be two copies of the chain (each
     with its own state, every key processed twice) and two scans of the topics.
     """
@@ -309,7 +309,13 @@ def _records(rows: DataFrame, kind: Column, members: Column, cfg: DetectConfig) 
     det = kind == F.lit("detection")
     did = detection_id(F.col("rule_id"), F.col("rule_version"), F.col("topic"), F.col("raw"))
     cut_event = F.concat(F.lit('{"truncated":true,"event_bytes":'), raw_bytes.cast("string"), F.lit("}"))
-    detection = detection_value(F.when(too_big, cut_event).otherwise(F.col("raw")), head_of(rows), members, did)
+    # The event (or its stand-in) and the members as columns of their own first:
+    # detection_value reads each several times, and inlined the expression trees would
+    # be copied that often into the plan that Spark optimizes, serializes and generates
+    # code for at every micro-batch.
+    rows = rows.select("*", F.when(too_big, cut_event).otherwise(F.col("raw")).alias("_event"),
+                       members.alias("_members"))
+    detection = detection_value(F.col("_event"), head_of(rows), F.col("_members"), did, processed_clock())
     raw_cut = raw_bytes > F.lit(DEAD_LETTER_RAW_CHARS)
     dead_value = F.to_json(
         F.struct(F.col("reason").alias("reason"), F.col("rule_id").alias("rule_id"), F.col("topic"), F.col("seq"),

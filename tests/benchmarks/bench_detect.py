@@ -1,6 +1,6 @@
 """Live job throughput and latency through the broker, mixed rule set.
 
-    python tests/benchmarks/bench_detect.py [--rate 20000] [--seconds 60] [--users 2000]
+    python tests/benchmarks/bench_detect.py [--rate 20000] [--seconds 60] [--users 2000] [--warmup 0]
 
 Starts an embedded broker and `rulectl detect` (local[2]), publishes 50 threshold +
 10 velocity + 2 correlation rules (the backtest benchmark's set), produces events at
@@ -8,6 +8,11 @@ the target rate with `sent_ms` (produce time) in each event and event time = now
 consumes `events.processed`. Prints the sustained input rate the job kept up with
 (events / wall time from first produce until the job's lag is 0 again) and the p50/p99
 latency from produce to the detection landing on the sink topic.
+
+`--warmup S` first produces S seconds of the same load (events marked `warmup`, left out
+of every figure) and waits for the job to catch up: the figures are then those of a job
+whose JIT has seen the load, not of its first batches (a just-started job, compiled
+code not yet hot, is the cold figure, without it).
 """
 
 from __future__ import annotations
@@ -44,15 +49,17 @@ def consume_latencies(bootstrap: str, stop: threading.Event, out: list[float]) -
             if m.error():
                 continue
             now = time.time() * 1000
-            sent = json.loads(m.value()).get("sent_ms")
-            if sent:
+            ev = json.loads(m.value())
+            sent = ev.get("sent_ms")
+            if sent and not ev.get("warmup"):
                 out.append(now - sent)
     c.close()
 
 
-def produce_events(bootstrap: str, rate: int, seconds: int, users: int) -> float:
+def produce_events(bootstrap: str, rate: int, seconds: int, users: int, warmup: bool = False) -> float:
     """`rate` events/s for `seconds` on events.raw (event time and `sent_ms` = now), and a
-    context record per pair every 5000 events; returns the seconds it took."""
+    context record per pair every 5000 events; returns the seconds it took. `warmup`:
+    the events say so (left out of the latencies)."""
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.num.messages": 10000})
     rnd = random.Random(1)
     types = ["purchase", "click", "view", "transfer"]
@@ -67,6 +74,8 @@ def produce_events(bootstrap: str, rate: int, seconds: int, users: int) -> float
         now = int(time.time() * 1000)
         ev = {"event_id": i, "type": types[rnd.randrange(4)], "user_id": f"u{rnd.randrange(users)}",
               "amount": rnd.randrange(1000), "merchant": f"m{rnd.randrange(50)}", "ts": now, "sent_ms": now}
+        if warmup:
+            ev["warmup"] = True
         if i % 10 == 0:
             ev["currency_pair"] = pairs[rnd.randrange(4)]
             ev["implied_rate"] = round(1 + rnd.random() * 0.1, 4)
@@ -116,6 +125,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=int, default=60)
     ap.add_argument("--users", type=int, default=2_000)
     ap.add_argument("--trigger-ms", type=int, default=500)
+    ap.add_argument("--warmup", type=int, default=0, help="seconds of the same load first, left out of the figures")
     ap.add_argument("--timeout", type=int, default=1800, help="give up waiting for the job after this many seconds")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-detect-"))
@@ -131,6 +141,11 @@ def main() -> None:
         stop = threading.Event()
         t = threading.Thread(target=consume_latencies, args=(broker.bootstrap, stop, lat), daemon=True)
         t.start()
+        if args.warmup:
+            produce_events(broker.bootstrap, args.rate, args.warmup, args.users, warmup=True)
+            warmed_at = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(time.time() + 1))
+            job.wait_for(lambda s: (s.get("last_batch_time") or "") > warmed_at and s.get("lag") == 0,
+                         timeout=args.timeout)
         batches: dict[int, dict] = {}
         sampler = threading.Thread(target=sample_batches, args=(job, stop, batches), daemon=True)
         sampler.start()
@@ -146,7 +161,7 @@ def main() -> None:
         t.join(5)
         job.stop()
     print(f"machine: {platform.machine()} {os.cpu_count()} cores, python {platform.python_version()}, Spark local[2], "
-          f"trigger {args.trigger_ms} ms, {args.users} users")
+          f"trigger {args.trigger_ms} ms, {args.users} users, warm-up {args.warmup} s")
     print(f"produced {total} events in {produced_s:.1f}s (target {args.rate}/s); job caught up after {done_s:.1f}s")
     print_rate_and_latency(total, done_s, lat, "detection")
     print_batches(batches)

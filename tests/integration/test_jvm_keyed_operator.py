@@ -19,16 +19,14 @@ import json
 import math
 import random
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from detect_harness import job_state_store
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from spark_jobs.rules.model import parse_rule
-from spark_jobs.streaming.job import STATE_STORE
 from spark_jobs.streaming.jvm_operator import keyed_operator
 from spark_jobs.streaming.processor import OUTPUT_SCHEMA, DetectionProcessor, Slot
 
@@ -201,7 +199,7 @@ def test_jvm_operator_equals_the_python_processor(spark, tmp_path: Path):
             impl = d.pop("impl")
             got[impl].setdefault(batch_id, Counter())[tuple(d[f.name] for f in OUTPUT_SCHEMA.fields)] += 1
 
-    with _job_state_store(spark):
+    with job_state_store(spark):
         q = (both.writeStream.foreachBatch(collect).option("checkpointLocation", str(tmp_path / "ckpt"))
              .trigger(availableNow=True).start())
         q.awaitTermination(600)
@@ -223,26 +221,10 @@ def test_jvm_operator_equals_the_python_processor(spark, tmp_path: Path):
     assert len(got["python"]) > 10  # several micro-batches, state and watermark carried over
 
 
-@contextmanager
-def _job_state_store(spark) -> Iterator[None]:  # noqa: ANN001 - a pyspark SparkSession
-    """The job's state store (transformWithState needs RocksDB) for the queries started
-    inside, the session's setting restored after."""
-    key = "spark.sql.streaming.stateStore.providerClass"
-    before = spark.conf.get(key, None)
-    spark.conf.set(key, STATE_STORE)
-    try:
-        yield
-    finally:
-        if before is None:
-            spark.conf.unset(key)
-        else:
-            spark.conf.set(key, before)
-
-
 def _run_availably(spark, stream, tmp_path: Path) -> list[dict]:
     """Run `stream` to a noop sink over all its input (one file a batch) with the job's
     state store; the query's progress per batch."""
-    with _job_state_store(spark):
+    with job_state_store(spark):
         q = (stream.writeStream.format("noop").option("checkpointLocation", str(tmp_path / "ckpt"))
              .trigger(availableNow=True).start())
         q.awaitTermination(600)

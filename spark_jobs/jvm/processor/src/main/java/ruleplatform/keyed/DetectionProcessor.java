@@ -47,6 +47,8 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
 
     /** processor.py PASS_GID: the second operator's groups of rows that only pass through. */
     public static final String PASS_GID = "\u0000pass";
+    /** The position of ts_ms in KeyedOperator.OUTPUT_SCHEMA (and in a pass row's columns). */
+    private static final int TS_MS = KeyedOperator.OUTPUT_SCHEMA.fieldIndex("ts_ms");
 
     private final String specJson;
     private final String[] columns;
@@ -165,7 +167,7 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
         if (passes && PASS_GID.equals(key.getString(0))) {
             // Lazily, row for row: nothing of a pass group is held or looked at. The
             // first operator stamps `et` as on its own rows.
-            long floor = timerValues.getCurrentWatermarkInMs() + 1;
+            long watermark = timerValues.getCurrentWatermarkInMs();
             int n = passCols.length + (chained ? 1 : 0);
             return rows.map(r -> {
                 Object[] v = new Object[n];
@@ -173,7 +175,7 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
                     v[i] = r.get(passCols[i]);
                 }
                 if (chained) {
-                    v[passCols.length] = eventTime(Math.max(v[7] == null ? 0L : (Long) v[7], floor));
+                    v[passCols.length] = stampOf(v[TS_MS], watermark);
                 }
                 return RowFactory.create(v);
             });
@@ -324,23 +326,26 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
         return st;
     }
 
-    /** Each row with `et` appended: its ts_ms, or the watermark + 1 ms when that is later. */
+    /** Each row with `et` appended (stampOf). */
     private void stamp(List<Row> out, long watermark) {
         for (int i = 0; i < out.size(); i++) {
             Row r = out.get(i);
-            Object ts = r.get(7);
-            long et = Math.max(ts == null ? 0L : (Long) ts, watermark + 1);
             Object[] v = new Object[r.length() + 1];
             for (int j = 0; j < r.length(); j++) {
                 v[j] = r.get(j);
             }
-            v[r.length()] = eventTime(et);
+            v[r.length()] = stampOf(r.get(TS_MS), watermark);
             out.set(i, RowFactory.create(v));
         }
     }
 
-    /** `et` as Spark's row encoder expects it (java8Time: an Instant). */
-    private Object eventTime(long ms) {
+    /**
+     * A row's `et`: its ts_ms, or the watermark + 1 ms when that is later, so no row the
+     * first operator hands on is late for the second; as Spark's row encoder expects it
+     * (java8Time: an Instant).
+     */
+    private Object stampOf(Object tsMs, long watermark) {
+        long ms = Math.max(tsMs == null ? 0L : (Long) tsMs, watermark + 1);
         return java8Time ? java.time.Instant.ofEpochMilli(ms) : new java.sql.Timestamp(ms);
     }
 
