@@ -88,6 +88,12 @@ def produce_events(bootstrap: str, rate: int, seconds: int, users: int, warmup: 
     return time.time() - start
 
 
+def wait_caught_up(job: DetectJob, timeout: float) -> None:
+    """Until a batch that started after the last produce has left nothing behind."""
+    produced_at = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(time.time() + 1))
+    job.wait_for(lambda s: (s.get("last_batch_time") or "") > produced_at and s.get("lag") == 0, timeout=timeout)
+
+
 def sample_batches(job: DetectJob, stop: threading.Event, out: dict[int, dict]) -> None:
     """Each micro-batch's size and time breakdown, from the job's status file."""
     while not stop.is_set():
@@ -143,18 +149,14 @@ def main() -> None:
         t.start()
         if args.warmup:
             produce_events(broker.bootstrap, args.rate, args.warmup, args.users, warmup=True)
-            warmed_at = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(time.time() + 1))
-            job.wait_for(lambda s: (s.get("last_batch_time") or "") > warmed_at and s.get("lag") == 0,
-                         timeout=args.timeout)
+            wait_caught_up(job, args.timeout)
         batches: dict[int, dict] = {}
         sampler = threading.Thread(target=sample_batches, args=(job, stop, batches), daemon=True)
         sampler.start()
         total = args.rate * args.seconds
         start = time.time()
         produced_s = produce_events(broker.bootstrap, args.rate, args.seconds, args.users)
-        produced_at = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(time.time() + 1))
-        # Caught up: a batch that started after the last produce, and nothing left behind.
-        job.wait_for(lambda s: (s.get("last_batch_time") or "") > produced_at and s.get("lag") == 0, timeout=args.timeout)
+        wait_caught_up(job, args.timeout)
         done_s = time.time() - start
         time.sleep(3)
         stop.set()
