@@ -16,6 +16,7 @@ from pathlib import Path
 
 from detect_harness import job_state_store, produce
 
+from spark_jobs.kafka.admin import create_topics
 from spark_jobs.kafka.spark_io import write_stream
 from spark_jobs.rules.model import parse_rule
 from spark_jobs.streaming.compiled import rows_of
@@ -45,10 +46,9 @@ def test_micro_batches_reuse_the_plans_compiled_code(spark, kafka_broker, tmp_pa
     rules = {r["rule_id"]: parse_rule(r).model_dump(mode="json") for r in RULES}
     cfg = DetectConfig(bootstrap=kafka_broker.bootstrap, checkpoint=tmp_path / "cp", sink_topic="cg.out",
                        dead_letter_topic="cg.dead")
-    rows = rows_of(json.loads(json.dumps(rules)), ROUTED_TOPIC, cfg.state_dir / RULE_DEFS)
+    rows = rows_of(rules, ROUTED_TOPIC, cfg.state_dir / RULE_DEFS)
+    create_topics(kafka_broker.bootstrap, ["cg.out", "cg.dead"])
     produce(kafka_broker.bootstrap, "cg.events", _events(0))
-    produce(kafka_broker.bootstrap, "cg.out", [])
-    produce(kafka_broker.bootstrap, "cg.dead", [])
     plan = build(spark, cfg, 0.0, ["cg.events"], rows, buckets=2, operator="jvm")
     with job_state_store(spark):
         query = (write_stream(plan, cfg.bootstrap).option("checkpointLocation", str(cfg.checkpoint / "query"))
