@@ -69,19 +69,30 @@ def _string_if(x: Column, is_string: Column) -> Column:
     return F.when(is_string, F.try_variant_get(x, "$", "string"))
 
 
-def _number_if(x: Column, is_string: Column, is_number: Column, string: Column, text: Column | None = None) -> Column:
+def _number_if(x: Column, is_string: Column, is_number: Column, string: Column, text: Column | None = None,
+               type_name: Column | None = None) -> Column:
     """A JSON number, or a numeric string (`string`: the value as `as_string`), as DOUBLE.
 
     Only finite numbers: a literal beyond the double range (`1e400`, or the string
     "1e400") would read as Infinity and pass every `>` test and poison every sum; it is
     no number a rule can use, so it reads as NULL (a missing value never matches).
 
-    When the value's JSON text is at hand (`text`), a number is read from it: the same
-    double (the text of an integer, decimal or double variant parses to the correctly
-    rounded double, as the variant's own conversion gives), but Spark 4.2 converts a
-    variant integer to DOUBLE by building and evaluating a Cast expression per row,
-    which was 5% of the live job's JVM time."""
-    as_double = text.try_cast("double") if text is not None else F.try_variant_get(x, "$", "double")
+    A number is read from its JSON text (`text` when at hand, else rendered for numbers
+    only): the same double (the text of an integer, decimal or double variant parses to
+    the correctly rounded double, as the variant's own conversion gives), but Spark 4.2
+    reads a variant scalar by building a Literal per row (validated against a SQLConf
+    that an executor builds anew at each call) and, for an integer or decimal read as
+    DOUBLE, a Cast expression too: that was 5% of the live job's JVM time, and 15% of
+    its first stage's during a backlog drain (Flight Recorder). A FLOAT variant (never
+    made by parse_json) keeps the variant's conversion, which its text would not give.
+    """
+    if text is not None:
+        as_double = text.try_cast("double")
+    elif type_name is not None:
+        as_double = F.when(type_name == F.lit("FLOAT"), F.try_variant_get(x, "$", "double")).otherwise(
+            json_text(x).try_cast("double"))
+    else:
+        as_double = F.try_variant_get(x, "$", "double")
     d = (
         F.when(is_number, as_double)
         .when(is_string & string.rlike(NUMERIC_RE), F.trim(string).try_cast("double"))
@@ -254,7 +265,8 @@ def extract_paths(df: DataFrame, needs: dict[str, set[str]], times: Iterable[str
     kinds = {p: _text_kinds(F.col(col[p]["json"])) if "json" in needs[p] else _type_kinds(F.col(col[p]["kind"]))
              for p in converted}
     step3 = [_string_if(x[p], kinds[p][0]).alias(col[p]["str"]) for p in converted]
-    step4 = [_number_if(x[p], *kinds[p], F.col(col[p]["str"]), F.col(col[p]["json"]) if "json" in needs[p] else None)
+    step4 = [_number_if(x[p], *kinds[p], F.col(col[p]["str"]),
+                        *((F.col(col[p]["json"]), None) if "json" in needs[p] else (None, F.col(col[p]["kind"]))))
              .alias(col[p]["num"]) for p in converted if "num" in needs[p]]
     out = df
     for step in (step1, step2, step3, step4):

@@ -156,6 +156,8 @@ def main() -> None:
     ap.add_argument("--backlog", type=int, help="drain N backlog events instead of a live rate (module docstring)")
     ap.add_argument("--keep", type=Path, help="with --backlog: use/generate the events in DIR (bench_backtest layout)")
     ap.add_argument("--max-offsets", type=int, default=100_000, help="maxOffsetsPerTrigger (the job's default)")
+    ap.add_argument("--real-time", metavar="DURATION",
+                    help="Spark's real-time mode (trigger realTime=DURATION, update mode) instead of micro-batches")
     args = ap.parse_args()
     from pyspark.sql import functions as F
 
@@ -170,8 +172,11 @@ def main() -> None:
         extra = {"spark.sql.streaming.stateStore.providerClass": STATE_STORE,
                  **dict(c.split("=", 1) for c in args.conf)}
         spark = session("live-floor", extra=extra)
-        raw = read_stream(spark, broker.bootstrap, ["events.raw"], max_offsets_per_trigger=args.max_offsets,
-                          min_partitions=4)
+        # Real-time mode runs one long-lived task per Kafka partition and reads what
+        # arrives: no rate limit, no split of partitions.
+        raw = read_stream(spark, broker.bootstrap, ["events.raw"],
+                          max_offsets_per_trigger=None if args.real_time else args.max_offsets,
+                          min_partitions=None if args.real_time else 4)
         events = classify(raw.select(F.col("value").cast("string").alias("raw")))
         out = events.select(F.col("raw").alias("value"), F.to_json(field(F.col("v"), "user_id")).alias("k"))
         if args.stateful:
@@ -182,14 +187,15 @@ def main() -> None:
             ).transformWithStateInPandas(
                 pass_through_processor(), StructType([StructField("value", StringType())]), "Append", "None"
             )
-        mode = "append"
+        mode = "update" if args.real_time else "append"
         if args.jvm_rules:
             out, mode = jvm_rules(events), "update"
         query = (
             write_stream(out.select(F.lit("events.processed").alias("topic"), "value"), broker.bootstrap)
             .outputMode(mode)
             .option("checkpointLocation", str(work / "ckpt"))
-            .trigger(processingTime=f"{args.trigger_ms} milliseconds")
+            .trigger(**({"realTime": args.real_time} if args.real_time
+                        else {"processingTime": f"{args.trigger_ms} milliseconds"}))
             .start()
         )
         if args.backlog:
@@ -219,7 +225,7 @@ def main() -> None:
         query.stop()
         spark.stop()
     print(f"machine: {platform.machine()} {os.cpu_count()} cores, python {platform.python_version()}, Spark local[2], "
-          f"trigger {args.trigger_ms} ms, "
+          + (f"real-time mode, batch duration {args.real_time}, " if args.real_time else f"trigger {args.trigger_ms} ms, ")
           + ("the rules as Spark's own JVM operators" if args.jvm_rules
              else f"{'with' if args.stateful else 'without'} a stateful operator"))
     print(f"produced {total} events in {produced_s:.1f}s (target {args.rate}/s); all on the sink after {done_s:.1f}s")

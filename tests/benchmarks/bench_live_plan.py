@@ -75,7 +75,9 @@ def main() -> None:
         rules = {r["rule_id"]: parse_rule(r).model_dump(mode="json")
                  for r in yaml.safe_load((work / "rules" / "bench.yaml").read_text())}
         rows = rows_of(json.loads(json.dumps(rules)), ROUTED_TOPIC, work / "defs")
-        spark = session("bench-live-plan")
+        # The job's own code generation setting (job.py `run`): without it the plan's
+        # fused method outgrows 64 KB and Spark falls back, which the job never does.
+        spark = session("bench-live-plan", extra={"spark.sql.codegen.maxFields": str(job.CODEGEN_MAX_FIELDS)})
         records = read_batch(spark, broker.bootstrap, ["events.raw"], options={"minPartitions": "4"})
         raw = classify(records.select(
             F.col("topic").alias("in_topic"), "topic",
