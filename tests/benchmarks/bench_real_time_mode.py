@@ -12,7 +12,8 @@ with Spark's Kafka connector:
    (parse and write back), a streaming aggregation (the floor's velocity rules,
    `bench_live_floor.py --jvm-rules`), deduplication, and the live plan itself (JVM
    transformWithState, `job.build`), in update mode (it refuses append mode at start);
-2. with Spark's allowlist check switched off (`spark.sql.streaming.realTimeMode.
+2. as a control, that the live plan runs as micro-batches in the same session;
+3. with Spark's allowlist check switched off (`spark.sql.streaming.realTimeMode.
    allowlistCheck` false), how long a stateful query's first result takes after its
    events are produced, against the batch duration: the shuffle in front of a state
    store is not pipelined in 4.2, so its reducers only run when the long-lived batch ends.
@@ -120,8 +121,20 @@ def main() -> None:
                 continue
             print(f"  {name}: {outcome(query)}")
 
+        # Control: the same live plan as micro-batches (how the job runs it) starts and runs.
+        with job_state_store(spark):
+            query = (write_stream(cases["the live plan (JVM transformWithState)"](), bootstrap)
+                     .option("checkpointLocation", str(work / "control")).trigger(processingTime="500 milliseconds")
+                     .start())
+        print(f"  control, the live plan as micro-batches (append mode): {outcome(query)}")
+
         # The allowlist switched off: a stateful query runs, but how soon does it write?
         spark.conf.set("spark.sql.streaming.realTimeMode.allowlistCheck", "false")
+        with job_state_store(spark):
+            query = (write_stream(cases["the live plan (JVM transformWithState)"](), bootstrap).outputMode("update")
+                     .option("checkpointLocation", str(work / "live-bypass"))
+                     .trigger(realTime=args.batch_duration).start())
+        print(f"  the live plan with the allowlist check off: {outcome(query)}")
         query = (write_stream(aggregation(events(spark, bootstrap)), bootstrap).outputMode("update")
                  .option("checkpointLocation", str(work / "bypass")).trigger(realTime=args.batch_duration).start())
         time.sleep(8)  # started and reading
