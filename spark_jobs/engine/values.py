@@ -88,11 +88,11 @@ def _number_if(x: Column, is_string: Column, is_number: Column, string: Column, 
     """
     if text is not None:
         as_double = text.try_cast("double")
-    elif type_name is not None:
+    else:
+        if type_name is None:
+            raise ValueError("a number is read from its JSON text or, without it, by its variant type")
         as_double = F.when(type_name == F.lit("FLOAT"), F.try_variant_get(x, "$", "double")).otherwise(
             json_text(x).try_cast("double"))
-    else:
-        as_double = F.try_variant_get(x, "$", "double")
     d = (
         F.when(is_number, as_double)
         .when(is_string & string.rlike(NUMERIC_RE), F.trim(string).try_cast("double"))
@@ -266,7 +266,7 @@ def extract_paths(df: DataFrame, needs: dict[str, set[str]], times: Iterable[str
              for p in converted}
     step3 = [_string_if(x[p], kinds[p][0]).alias(col[p]["str"]) for p in converted]
     step4 = [_number_if(x[p], *kinds[p], F.col(col[p]["str"]),
-                        *((F.col(col[p]["json"]), None) if "json" in needs[p] else (None, F.col(col[p]["kind"]))))
+                        **({"text": F.col(col[p]["json"])} if "json" in needs[p] else {"type_name": F.col(col[p]["kind"])}))
              .alias(col[p]["num"]) for p in converted if "num" in needs[p]]
     out = df
     for step in (step1, step2, step3, step4):

@@ -98,20 +98,22 @@ def main() -> None:
         rules = {r["rule_id"]: parse_rule(r).model_dump(mode="json") for r in RULES}
         cfg = DetectConfig(bootstrap=bootstrap, checkpoint=work / "live", sink_topic=OUT, dead_letter_topic=DEAD)
         rows = rows_of(rules, ROUTED_TOPIC, cfg.state_dir / RULE_DEFS)
+        def live_plan() -> DataFrame:
+            return build(spark, cfg, 0.0, [TOPIC], rows, buckets=2, operator="jvm")
+
         cases = {
             "stateless (parse, write back)": lambda: events(spark, bootstrap).select(
                 F.lit(OUT).alias("topic"), F.col("raw").alias("value")),
             "streaming aggregation": lambda: aggregation(events(spark, bootstrap)),
             "dropDuplicates": lambda: events(spark, bootstrap).dropDuplicates(["raw"]).select(
                 F.lit(OUT).alias("topic"), F.col("raw").alias("value")),
-            "the live plan (JVM transformWithState)": lambda: build(spark, cfg, 0.0, [TOPIC], rows, buckets=2,
-                                                                   operator="jvm"),
+            "the live plan (JVM transformWithState)": live_plan,
         }
         print(f"Spark {spark.version}, real-time mode, batch duration {args.batch_duration}, local[2]")
         # Update mode: real-time mode refuses append mode at start, whatever the query.
-        for name, plan in cases.items():
+        for i, (name, plan) in enumerate(cases.items()):
             writer = (write_stream(plan(), bootstrap).outputMode("update")
-                      .option("checkpointLocation", str(work / name.split(" ")[0]))
+                      .option("checkpointLocation", str(work / f"case{i}"))
                       .trigger(realTime=args.batch_duration))
             try:
                 with job_state_store(spark):
@@ -123,7 +125,7 @@ def main() -> None:
 
         # Control: the same live plan as micro-batches (how the job runs it) starts and runs.
         with job_state_store(spark):
-            query = (write_stream(cases["the live plan (JVM transformWithState)"](), bootstrap)
+            query = (write_stream(live_plan(), bootstrap)
                      .option("checkpointLocation", str(work / "control")).trigger(processingTime="500 milliseconds")
                      .start())
         print(f"  control, the live plan as micro-batches (append mode): {outcome(query)}")
@@ -131,7 +133,7 @@ def main() -> None:
         # The allowlist switched off: a stateful query runs, but how soon does it write?
         spark.conf.set("spark.sql.streaming.realTimeMode.allowlistCheck", "false")
         with job_state_store(spark):
-            query = (write_stream(cases["the live plan (JVM transformWithState)"](), bootstrap).outputMode("update")
+            query = (write_stream(live_plan(), bootstrap).outputMode("update")
                      .option("checkpointLocation", str(work / "live-bypass"))
                      .trigger(realTime=args.batch_duration).start())
         print(f"  the live plan with the allowlist check off: {outcome(query)}")
