@@ -31,6 +31,18 @@ DELTA_CONF = {
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
 }
 
+# Settings fixed when the JVM starts (static SQL settings), so every way a platform
+# session starts passes them: a session here, `rulectl connect`, spark-submit.
+#
+# Spark keeps the classes it generates for a plan's code in a cache of 100 entries by
+# default. A backtest of the 62-rule benchmark generates ~215 classes: the least
+# recently used went first, so a second backtest of the same rules on the same session
+# found none of its classes, compiled every one again (Janino, 2.3-2.8 s) and, the
+# classes being new, the JIT compiled their bytecode again too: 16-22 s of compiler
+# threads' CPU per warm run on two cores, as much as the tasks' own. With room for
+# 1,000 the second run compiles nothing (bench_backtest.py --repeat, README).
+STATIC_CONF = {"spark.sql.codegen.cache.maxEntries": "1000"}
+
 
 REMOTE_ENV = "SPARK_REMOTE"
 DEFAULT_CONNECT_PORT = 15002
@@ -55,6 +67,7 @@ def connect_server_argv(port: int = DEFAULT_CONNECT_PORT, master: str = DEFAULT_
     conf = {
         "spark.jars": spark_jars(),
         **DELTA_CONF,
+        **STATIC_CONF,
         "spark.connect.grpc.binding.address": "127.0.0.1",
         "spark.connect.grpc.binding.port": str(port),
         "spark.sql.session.timeZone": "UTC",
@@ -81,10 +94,10 @@ REDACTION_REGEX = "(?i)url|jaas|sasl[.].*(password|config)|ssl[.].*password"
 
 def submit_jars_and_conf() -> tuple[str, dict[str, str]]:
     """What a spark-submit of a platform job needs on its command line: `--jars` (Kafka
-    connector, Delta Lake) and Delta's SQL extension and catalog as `--conf`."""
+    connector, Delta Lake), Delta's SQL extension and catalog and STATIC_CONF as `--conf`."""
     from spark_jobs.jvm import spark_jars
 
-    return spark_jars(), dict(DELTA_CONF)
+    return spark_jars(), {**DELTA_CONF, **STATIC_CONF}
 
 
 def session(app_name: str, master: str | None = None, shuffle_partitions: int = 2, extra: dict | None = None,
@@ -120,6 +133,7 @@ def session(app_name: str, master: str | None = None, shuffle_partitions: int = 
         # line happens to contain the word "password"; naming the keys makes it hold for
         # any login module (tests/integration/test_kafka_security.py).
         "spark.sql.redaction.options.regex": REDACTION_REGEX,
+        **STATIC_CONF,
     }
     if kafka and not os.environ.get("PYSPARK_GATEWAY_PORT"):
         # Under spark-submit the driver's JVM is already running: jars named here would

@@ -66,23 +66,36 @@ def _case(selector: object, branches: dict[Any, Callable[[], Column]], default: 
 def compare_spec(x: FieldValue, op: str, kind: str, num: float | None, text: str | None, flag: bool | None) -> Column:
     """`x <op> value`, the value given as its spec (value_spec); never NULL. The
     backtest and the live job both compile their rules with it, so a rule means the
-    same in both."""
+    same in both.
+
+    Built once per (value, comparison): rules repeat conditions (the benchmark's 50
+    threshold rules test `type` against 4 values), and every Column built is Py4J round
+    trips of planning."""
+    key = (op, kind, num, text, flag)
+    built = x.compared.get(key)
+    if built is None:
+        built = x.compared[key] = _compare(x, op, kind, num, text, flag)
+    return built
+
+
+def _compare(x: FieldValue, op: str, kind: str, num: float | None, text: str | None, flag: bool | None) -> Column:
     a = x.num
     present = x.present
-    number = F.lit(num).cast("double")
 
     def never() -> Column:
         return F.lit(False)
 
     def numeric() -> Column:
+        # A missing or non-numeric value compares as NULL: the final coalesce makes it false.
+        number = F.lit(float(num))
         return _case(op, {
-            "==": lambda: a.isNotNull() & (a == number),
+            "==": lambda: a == number,
             # A present value that is not a number is "not equal" to a number.
             "!=": lambda: present & (a.isNull() | (a != number)),
-            ">": lambda: a.isNotNull() & (a > number),
-            "<": lambda: a.isNotNull() & (a < number),
-            ">=": lambda: a.isNotNull() & (a >= number),
-            "<=": lambda: a.isNotNull() & (a <= number),
+            ">": lambda: a > number,
+            "<": lambda: a < number,
+            ">=": lambda: a >= number,
+            "<=": lambda: a <= number,
         }, never)
 
     def same() -> Column:

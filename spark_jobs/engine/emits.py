@@ -58,16 +58,35 @@ def rule_head(rule_id: Column, version: Column, rule_type: Column, name: Column)
     )
 
 
+def _head_text(rule: AnyRule) -> str:
+    members = [("rule_id", rule.rule_id), ("rule_version", rule.version), ("rule_type", rule.rule_type)]
+    if rule.name is not None:
+        members.append(("rule_name", rule.name))
+    return ",".join(f'"{k}":{json.dumps(v, ensure_ascii=False)}' for k, v in members)
+
+
 def literal_head(rule: AnyRule) -> Column:
     """`rule_head` of a rule known at planning time, rendered here once (one Py4J call,
     where the Column form costs dozens per rule in a 60-rule plan). JSON text equal in
     value to the Column form's; only the hex case of escaped control characters could
     differ."""
-    members = [("rule_id", rule.rule_id), ("rule_version", rule.version), ("rule_type", rule.rule_type)]
-    if rule.name is not None:
-        members.append(("rule_name", rule.name))
-    text = ",".join(f'"{k}":{json.dumps(v, ensure_ascii=False)}' for k, v in members)
-    return F.lit(text).alias("head")
+    return F.lit(_head_text(rule)).alias("head")
+
+
+def rule_table(rules: list[AnyRule], **extra: list[str]) -> Column:
+    """The rules' `rule_meta` and `literal_head` (and `extra` string fields, one value
+    per rule) as one literal array of structs, looked up by a rule's index.
+
+    Written as JSON text and read with from_json, which Spark folds into a literal when
+    it optimizes the plan: two Py4J calls. Built of `F.struct`s of `F.lit`s it took ~20
+    calls per rule, ~1,000 of a 62-rule backtest's ~13,000 (each ~0.3 ms of planning)."""
+    rows = [
+        {"rule_id": r.rule_id, "rule_version": r.version, "rule_type": r.rule_type, "rule_name": r.name,
+         "head": _head_text(r), **{k: v[i] for k, v in extra.items()}}
+        for i, r in enumerate(rules)
+    ]
+    fields = ",".join(f"{k}:string" for k in ("rule_id", "rule_version", "rule_type", "rule_name", "head", *extra))
+    return F.from_json(F.lit(json.dumps(rows)), f"array<struct<{fields}>>")
 
 
 def matching(flags: list[Column]) -> Column:

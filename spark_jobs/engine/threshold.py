@@ -13,7 +13,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from spark_jobs.engine.conditions import all_conditions
-from spark_jobs.engine.emits import explode_matching, literal_head, matching, rule_meta
+from spark_jobs.engine.emits import explode_matching, matching, rule_table
 from spark_jobs.engine.values import Fields
 from spark_jobs.rules.model import ThresholdRule
 
@@ -27,7 +27,7 @@ def threshold_emits(events: DataFrame, rules: list[ThresholdRule], fields: Field
     for topic, rs in sorted(by_topic.items()):
         topic_events = events.filter(F.col("topic") == topic)
         hits = matching([all_conditions(v, r.conditions, fields.values) for r in rs])
-        meta = F.array(*[F.struct(*rule_meta(r), literal_head(r)) for r in rs])
+        meta = rule_table(rs)
         matched = explode_matching(topic_events, hits, ["topic", "seq", "raw", "proc_ms"])
         m = F.element_at(meta, F.col("_i") + 1)
         outs.append(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
@@ -155,6 +156,8 @@ class FieldValue:
     num: Column | None
     str: Column | None
     presence: Column | None = None
+    # conditions.compare_spec's Columns over this value, by comparison.
+    compared: dict = dataclass_field(default_factory=dict, compare=False, repr=False)
 
     @property
     def present(self) -> Column:

@@ -15,10 +15,10 @@ to this event in (time, arrival) order, less all at or before t - W); min, max a
 distinct_count, which do not subtract, combine two frames:
 
   A: strictly earlier timestamps inside the window  (range frame [-(W-1), -1] in ms)
-  B: the same timestamp, arrival order up to this event  (rows frame per (key, ts))
+  B: the same timestamp, arrival order up to this event  (from the prefix frame)
 
-min/max take the extreme of both and distinct_count the size of the union of the two
-value sets.
+min/max take the extreme of both; distinct_count collects [t - W + 1, t] and leaves out
+the rows of time t that arrived after the event.
 """
 
 from __future__ import annotations
@@ -37,9 +37,8 @@ from spark_jobs.engine.emits import (
     json_member,
     json_number,
     json_string,
-    literal_head,
     matching,
-    rule_meta,
+    rule_table,
 )
 from spark_jobs.engine.values import Fields
 from spark_jobs.rules.model import VelocityRule
@@ -114,7 +113,6 @@ def _aggregate(i: int, rule: VelocityRule) -> Column:
     """Rule i's aggregation over its window at each event (meaningful where `_q{i}`)."""
     w_ms = rule.window_ms
     by_time = Window.partitionBy("k").orderBy("ts_ms")
-    same_ts = Window.partitionBy("k", "ts_ms").orderBy("seq").rowsBetween(Window.unboundedPreceding, 0)
     val = F.when(F.col(f"_q{i}"), F.col(f"_x{i}"))
     one = F.when(F.col(f"_q{i}"), F.lit(1))
     kind = rule.aggregation_type
@@ -141,20 +139,34 @@ def _aggregate(i: int, rule: VelocityRule) -> Column:
         # The exact sum rounded once to a double, then divided in double: what the live
         # job computes (math.fsum / n). DECIMAL division would round to its own scale.
         return F.try_divide(in_window(F.sum(exact)).cast("double"), in_window(F.count(val)).cast("double"))
-    # min, max and distinct_count do not subtract: a sliding range frame it is.
+    # min, max and distinct_count do not subtract. A: a sliding range frame over the
+    # strictly earlier timestamps inside the window. B (this timestamp, arrival order up
+    # to this event) from the prefix frame the sums use: the greatest (ts_ms, value) of
+    # the prefix has this event's timestamp (the rows come in time order), and among
+    # equal timestamps the extreme value. A frame per (key, timestamp) would do the
+    # same as a third window operator, over partitions of mostly one row.
     sliding = by_time.rangeBetween(-(w_ms - 1), -1) if w_ms > 1 else None
+    prefix = Window.partitionBy("k").orderBy("ts_ms", "seq").rowsBetween(Window.unboundedPreceding, 0)
 
     def over_a(a: Column, empty: Column) -> Column:
         return a.over(sliding) if sliding is not None else empty
 
-    if kind == "min":
-        return F.least(over_a(F.min(val), F.lit(None).cast("double")), F.min(val).over(same_ts))
     if kind == "max":
-        return F.greatest(over_a(F.max(val), F.lit(None).cast("double")), F.max(val).over(same_ts))
+        # NULL sorts first in a struct: a value wins over none.
+        same_ts = F.max(F.struct(F.col("ts_ms").alias("t"), val.alias("x"))).over(prefix)["x"]
+        return F.greatest(over_a(F.max(val), F.lit(None).cast("double")), same_ts)
+    if kind == "min":
+        # The earliest (-ts_ms), then a value before none, then the smallest value.
+        first = F.struct((-F.col("ts_ms")).alias("t"), val.isNull().alias("n"), val.alias("x"))
+        return F.least(over_a(F.min(val), F.lit(None).cast("double")), F.min(first).over(prefix)["x"])
     if kind == "distinct_count":
-        none = F.array().cast("array<string>")
-        a = F.coalesce(over_a(F.collect_set(val), none), none)
-        return F.size(F.array_union(a, F.collect_set(val).over(same_ts))).cast("double")
+        # A and B in one range frame [t - W + 1, t]: its rows of this timestamp that
+        # arrived after this event are filtered out before counting.
+        taken = F.collect_list(F.when(F.col(f"_q{i}"), F.struct(F.col("ts_ms").alias("t"), F.col("seq").alias("s"),
+                                                               val.alias("x"))))
+        frame = taken.over(by_time.rangeBetween(-(w_ms - 1), 0))
+        mine = F.filter(frame, lambda e: (e["t"] < F.col("ts_ms")) | (e["s"] <= F.col("seq")))
+        return F.size(F.array_distinct(F.transform(mine, lambda e: e["x"]))).cast("double")
     raise ValueError(kind)  # pragma: no cover - the model rejects other values
 
 
@@ -208,7 +220,7 @@ def velocity_rules(events: DataFrame, rules: list[VelocityRule], fields: Fields)
         sink = [i for i, r in enumerate(rs) if r.emit_to_sink]
         if not sink:
             continue
-        meta = F.array(*[F.struct(*rule_meta(r), literal_head(r), F.lit(r.aggregation_type).alias("agg_type")) for r in rs])
+        meta = rule_table(rs, agg_type=[r.aggregation_type for r in rs])
         m = F.element_at(meta, F.col("_i") + 1)
         emitted = fired.filter(F.col("_i").isin(sink)) if len(sink) < len(rs) else fired
         emits.append(emitted.select(
