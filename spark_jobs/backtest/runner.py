@@ -76,8 +76,8 @@ def load_rule_set(rules_dir: Path, only: list[str] | None = None) -> list[AnyRul
     return select_rules([lr.rule for lr in loaded.rules], only)
 
 
-# The two JSON Lines files, each a column of sort keys: detections by (ts_ms, rule_id,
-# seq, detection_id), dead letters by arrival (seq).
+# The two JSON Lines files, sorted through the same key columns: detections by (ts_ms,
+# rule_id, seq, detection_id), dead letters by arrival (seq, then rule_id).
 _FILES = {"detections": "detections.jsonl", "dead_letter": "dead_letter.jsonl"}
 _SORT_KEYS = ["file", "k_time", "rule_id", "k_seq", "k_id"]
 
