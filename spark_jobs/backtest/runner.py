@@ -124,12 +124,12 @@ def _counts(parsed: DataFrame, lines: DataFrame, result: EngineResult) -> dict[t
 
     what: `events`/`malformed` per topic, `detections` per rule (with its first and last
     detection time), `dead_letter` in all, `routed` and `primaries` per rule."""
+    none = F.lit(None).cast("long")
+
     def n_only(df: DataFrame, what: str, name: str) -> DataFrame:
         return df.agg(F.count(F.lit(1)).alias("n")).select(
-            F.lit(what).alias("what"), F.lit(name).alias("name"), "n",
-            F.lit(None).cast("long").alias("first"), F.lit(None).cast("long").alias("last"))
+            F.lit(what).alias("what"), F.lit(name).alias("name"), "n", none.alias("first"), none.alias("last"))
 
-    none = F.lit(None).cast("long")
     parts = [
         parsed.groupBy("topic", F.when(F.col("_reason").isNull(), "events").otherwise("malformed").alias("what"))
         .agg(F.count(F.lit(1)).alias("n"))
@@ -230,7 +230,7 @@ def _run(spark: SparkSession, cfg: BacktestConfig) -> dict:
             "rule_type": r.rule_type,
             "source_topic": r.source_topic,
             "events_evaluated": n("primaries", r.rule_id) if r.rule_id in result.primaries else n("events", r.source_topic),
-            "detections": stats["n"] if stats else 0,
+            "detections": n("detections", r.rule_id),
             "routed": n("routed", r.rule_id),
             "first_detection": _iso(stats["first"] if stats else None),
             "last_detection": _iso(stats["last"] if stats else None),

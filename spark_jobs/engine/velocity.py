@@ -113,6 +113,8 @@ def _aggregate(i: int, rule: VelocityRule) -> Column:
     """Rule i's aggregation over its window at each event (meaningful where `_q{i}`)."""
     w_ms = rule.window_ms
     by_time = Window.partitionBy("k").orderBy("ts_ms")
+    # Everything up to this event in (time, arrival) order.
+    prefix = Window.partitionBy("k").orderBy("ts_ms", "seq").rowsBetween(Window.unboundedPreceding, 0)
     val = F.when(F.col(f"_q{i}"), F.col(f"_x{i}"))
     one = F.when(F.col(f"_q{i}"), F.lit(1))
     kind = rule.aggregation_type
@@ -125,7 +127,7 @@ def _aggregate(i: int, rule: VelocityRule) -> Column:
         which is quadratic for a busy key; both frames here are prefix frames, which
         Spark computes incrementally: O(n). Sums use DECIMAL so the difference is exact.
         """
-        upto_me = agg.over(Window.partitionBy("k").orderBy("ts_ms", "seq").rowsBetween(Window.unboundedPreceding, 0))
+        upto_me = agg.over(prefix)
         upto_low = agg.over(by_time.rangeBetween(Window.unboundedPreceding, -w_ms))
         return F.coalesce(upto_me, F.lit(0)) - F.coalesce(upto_low, F.lit(0))
 
@@ -146,7 +148,6 @@ def _aggregate(i: int, rule: VelocityRule) -> Column:
     # equal timestamps the extreme value. A frame per (key, timestamp) would do the
     # same as a third window operator, over partitions of mostly one row.
     sliding = by_time.rangeBetween(-(w_ms - 1), -1) if w_ms > 1 else None
-    prefix = Window.partitionBy("k").orderBy("ts_ms", "seq").rowsBetween(Window.unboundedPreceding, 0)
 
     def over_a(a: Column, empty: Column) -> Column:
         return a.over(sliding) if sliding is not None else empty

@@ -233,12 +233,12 @@ def _compiled(spark) -> int:
     return spark.sparkContext._jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME().getCount()
 
 
-def test_a_warm_backtest_compiles_no_class_again(spark, tmp_path):
+def test_a_warm_backtest_compiles_no_class_again(spark, tmp_path, monkeypatch):
     """The benchmark's 62 rules generate more classes than Spark's code cache keeps by
     default (100): a second backtest on the same session compiled every class again
     (and the JIT recompiled them: most of a warm run's CPU, README). The platform's
     sessions keep enough for it to reuse all of them."""
-    sys.path.insert(0, str(ROOT / "tests" / "benchmarks"))
+    monkeypatch.syspath_prepend(str(ROOT / "tests" / "benchmarks"))
     from bench_backtest import make_events, make_rules
 
     (tmp_path / "rules").mkdir()
