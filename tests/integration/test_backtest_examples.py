@@ -233,11 +233,11 @@ def _compiled(spark) -> int:
     return spark.sparkContext._jvm.org.apache.spark.metrics.source.CodegenMetrics.METRIC_COMPILATION_TIME().getCount()
 
 
-def test_a_warm_backtest_compiles_no_class_again(spark, tmp_path, monkeypatch):
+def test_a_warm_backtest_does_not_compile_its_plan_again(spark, tmp_path, monkeypatch):
     """The benchmark's 62 rules generate more classes than Spark's code cache keeps by
     default (100): a second backtest on the same session compiled every class again
     (and the JIT recompiled them: most of a warm run's CPU, README). The platform's
-    sessions keep enough for it to reuse all of them."""
+    sessions keep enough for it to reuse them."""
     monkeypatch.syspath_prepend(str(ROOT / "tests" / "benchmarks"))
     from bench_backtest import make_events, make_rules
 
@@ -252,5 +252,8 @@ def test_a_warm_backtest_compiles_no_class_again(spark, tmp_path, monkeypatch):
     assert generated > 100, f"the rule set should need more classes than Spark's default cache: {generated}"
     again = _compiled(spark)
     second = run_backtest(spark, cfg)
-    assert _compiled(spark) - again == 0
+    # A few may be new: the events are scanned while the rules are planned, and in one
+    # of three trials the second run compiled 2 classes (a projection of a literal row)
+    # the first had not needed. With Spark's default cache it compiled 219.
+    assert _compiled(spark) - again <= 5
     assert second["detections"] == first["detections"] > 0
