@@ -252,8 +252,10 @@ def test_a_warm_backtest_does_not_compile_its_plan_again(spark, tmp_path, monkey
     assert generated > 100, f"the rule set should need more classes than Spark's default cache: {generated}"
     again = _compiled(spark)
     second = run_backtest(spark, cfg)
-    # A few may be new: the events are scanned while the rules are planned, and in one
-    # of three trials the second run compiled 2 classes (a projection of a literal row)
-    # the first had not needed. With Spark's default cache it compiled 219.
+    # A few may be new: adaptive execution re-plans a branch from the stages that have
+    # finished, so a plan's shape can vary with their order, which the scan running
+    # beside the planning changed. In one of three trials the second run compiled 2
+    # classes (a projection of a literal row) the first had not needed. With Spark's
+    # default cache it compiled 219.
     assert _compiled(spark) - again <= 5
     assert second["detections"] == first["detections"] > 0
