@@ -127,7 +127,7 @@ def _counts(parsed: DataFrame, lines: DataFrame, result: EngineResult) -> DataFr
 _COUNTS_PART = "counts"
 
 
-def _write_files(parsed: DataFrame, lines: DataFrame, result: EngineResult, out_dir: Path) -> dict[tuple[str, str], dict]:
+def _write_and_count(parsed: DataFrame, lines: DataFrame, result: EngineResult, out_dir: Path) -> dict[tuple[str, str], dict]:
     """Both files, each sorted, and the summary's counts, written by one Spark job (no
     collect of the lines to the driver); returns the counts: (what, name) -> row.
 
@@ -259,7 +259,7 @@ def _run(spark: SparkSession, cfg: BacktestConfig) -> dict:
     # Routed velocity emits feed correlation rules and the summary: compute them once.
     result.routed = {rid: df.persist(StorageLevel.MEMORY_AND_DISK) for rid, df in result.routed.items()}
     dead = reduce(lambda a, b: a.unionByName(b), [malformed, *result.dead_letters])
-    counts = _write_files(parsed, _output_lines(result.detections, dead), result, cfg.out_dir)
+    counts = _write_and_count(parsed, _output_lines(result.detections, dead), result, cfg.out_dir)
     for df in (parsed, *result.routed.values()):
         df.unpersist()
 
