@@ -7,13 +7,26 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 from confluent_kafka import Producer
 from detect_harness import DetectJob
 from pyspark.errors import AnalysisException
 
+from spark_jobs.archive.table import PARTITION_COLUMNS, archive_columns
 from spark_jobs.kafka.admin import TopicSpec, create_topics
+
+_KAFKA_ROWS = "topic string, partition int, offset long, timestamp timestamp, key binary, value binary"
+
+
+def write_records(spark, table: Path | str, records: list[tuple[str, int, datetime, bytes]],
+                  time_field: str = "timestamp") -> None:
+    """Append (topic, offset, broker time, value) records to a Delta archive table as
+    the archive job writes them (Kafka partition 0, no key): a table without a broker."""
+    df = spark.createDataFrame([(topic, 0, offset, at, None, value) for topic, offset, at, value in records], _KAFKA_ROWS)
+    archive_columns(df, time_field).write.format("delta").mode("append").partitionBy(*PARTITION_COLUMNS).save(
+        str(table))
 
 
 class ArchiveJob(DetectJob):

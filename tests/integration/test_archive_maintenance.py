@@ -8,21 +8,19 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from archive_harness import write_records
 from dag_import import import_dag
 from pyspark.sql import functions as F
 
 from spark_jobs.archive.maintenance import maintain
-from spark_jobs.archive.table import PARTITION_COLUMNS, archive_columns
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _kafka_rows(spark, days_ago: list[int], per_write: int):
+def _records(days_ago: list[int], per_write: int) -> list:
     now = datetime.now(UTC)
-    rows = [("events.raw", 0, i, now - timedelta(days=d), None, json.dumps({"i": i, "timestamp": 1}).encode())
+    return [("events.raw", i, now - timedelta(days=d), json.dumps({"i": i, "timestamp": 1}).encode())
             for d in days_ago for i in range(per_write)]
-    return spark.createDataFrame(rows, "topic string, partition int, offset long, timestamp timestamp, key binary, "
-                                       "value binary")
 
 
 @pytest.mark.spark
@@ -30,8 +28,7 @@ def test_maintenance_deletes_old_partitions_compacts_and_vacuums(spark, tmp_path
     table = str(tmp_path / "events")
     # Five small appends (as a streaming writer leaves them): two days past retention.
     for _ in range(5):
-        archive_columns(_kafka_rows(spark, [0, 1, 40, 41], 3), "timestamp").write.format("delta").mode(
-            "append").partitionBy(*PARTITION_COLUMNS).save(table)
+        write_records(spark, table, _records([0, 1, 40, 41], 3))
     df = spark.read.format("delta").load(table)
     assert df.count() == 60 and df.filter(F.col("ts_ms") == 1000).count() == 60
     files_before = len(spark.read.format("delta").load(table).inputFiles())

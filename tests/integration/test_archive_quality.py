@@ -11,8 +11,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from archive_harness import write_records
 
-from spark_jobs.archive.table import PARTITION_COLUMNS, archive_columns, engine_input, read_window
+from spark_jobs.archive.table import engine_input, read_window
 from spark_jobs.engine.events import with_reasons
 from spark_jobs.quality import run_quality
 from spark_jobs.quality.spark_runner import run_quality_spark
@@ -31,12 +32,8 @@ def write_archive(spark, table: Path, topics: dict[str, list[object]], time_fiel
     """A Delta archive table holding `topics`' records as the archive job writes them
     (broker timestamps a minute ago, offsets in order); returns the broker time."""
     at = datetime.now(UTC) - timedelta(minutes=1)
-    rows = [(topic, 0, i, at, None, (r if isinstance(r, str) else json.dumps(r)).encode())
-            for topic, recs in topics.items() for i, r in enumerate(recs)]
-    df = spark.createDataFrame(rows, "topic string, partition int, offset long, timestamp timestamp, key binary, "
-                                     "value binary")
-    archive_columns(df, time_field).write.format("delta").mode("append").partitionBy(*PARTITION_COLUMNS).save(
-        str(table))
+    write_records(spark, table, [(topic, i, at, (r if isinstance(r, str) else json.dumps(r)).encode())
+                                 for topic, recs in topics.items() for i, r in enumerate(recs)], time_field)
     return at
 
 

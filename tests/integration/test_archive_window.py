@@ -9,10 +9,11 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from archive_harness import write_records
 from py4j.protocol import Py4JJavaError
 from pyspark.sql import functions as F
 
-from spark_jobs.archive.table import PARTITION_COLUMNS, archive_columns, read_window
+from spark_jobs.archive.table import read_window
 
 pytestmark = [pytest.mark.spark]
 
@@ -28,9 +29,8 @@ def _write_table(spark, table: Path) -> list[tuple[str, datetime, int]]:
         for i in range(12):
             at = DAY - timedelta(days=1) + timedelta(hours=6 * i)
             records.append((topic, at, i))
-    rows = [(topic, 0, n, at, None, json.dumps({"n": n, "ts": at.isoformat()}).encode()) for topic, at, n in records]
-    df = spark.createDataFrame(rows, "topic string, partition int, offset long, timestamp timestamp, key binary, value binary")
-    archive_columns(df, "ts").write.format("delta").partitionBy(*PARTITION_COLUMNS).save(str(table))
+    write_records(spark, table, [(topic, n, at, json.dumps({"n": n, "ts": at.isoformat()}).encode())
+                                 for topic, at, n in records], "ts")
     return records
 
 
