@@ -71,6 +71,6 @@ def test_listing_a_windows_files_is_a_small_job(spark, tmp_path):
     tracker = sc.statusTracker()
     stages = [sid for jid in tracker.getJobIdsForGroup("archive-window-listing")
               for sid in tracker.getJobInfo(jid).stageIds]
-    tasks = [tracker.getStageInfo(sid).numTasks for sid in stages if tracker.getStageInfo(sid) is not None]
+    tasks = [info.numTasks for info in map(tracker.getStageInfo, stages) if info is not None]
     assert tasks, "no job ran for the read"
     assert max(tasks) <= 2, tasks
