@@ -64,8 +64,9 @@ def _context(events: DataFrame, rule: CorrelationRule, fields: Fields) -> DataFr
     return c
 
 
-def _resolve(union: DataFrame, rule: CorrelationRule) -> DataFrame:
-    """Context per primary over [t - lookback, t].
+def _resolve(union: DataFrame, ctx: DataFrame, rule: CorrelationRule) -> DataFrame:
+    """Context per primary over [t - lookback, t] (`ctx`: the rule's context records,
+    also in `union`).
 
     Spark re-aggregates a sliding frame from scratch whenever it moves, O(n * frame);
     so the latest context is a running `last` (incremental) checked against the
@@ -113,7 +114,7 @@ def _resolve(union: DataFrame, rule: CorrelationRule) -> DataFrame:
                      F.when(n > 0, F.col("_sum").cast("double") / n.cast("double")).alias("ctx_num"))
     # DESIGN.md: under `mean` and `mean_std` alike the detection's context is
     # {mean, std, count} (the live job renders the same), so the std is computed for both.
-    out = out.join(_std(out, lb), ["k", "_lo", "_hi"], "left")
+    out = out.join(_std(ctx, lb), ["k", "_lo", "_hi"], "left")
     record = F.to_json(F.struct(F.col("ctx_num").alias("mean"), F.col("ctx_std").alias("std"), F.col("ctx_count").alias("count")))
     return out.select(
         "*",
@@ -123,23 +124,39 @@ def _resolve(union: DataFrame, rule: CorrelationRule) -> DataFrame:
     )
 
 
-def _std(rows: DataFrame, lookback_ms: int) -> DataFrame:
-    """Population std of each distinct context run (k, _lo, _hi) that primaries see.
+def _std(ctx: DataFrame, lookback_ms: int) -> DataFrame:
+    """Population std of every context run (k, _lo, _hi) a primary can see, from the
+    context records alone.
 
-    A sliding frame is re-aggregated from scratch at every row, and most rows are
-    primaries (thousands between two context records), so it runs over the context
-    records plus one row per distinct run, at the time of the run's first primary,
-    whose frame [t - lookback, t] holds exactly that run. Same values, same
-    aggregate as a frame at every primary; a fraction of the rows.
+    A primary at t sees the key's context records after the first `_lo` up to the
+    first `_hi` (in time order); that pair changes only at a record's time c (`_hi`
+    grows) and at c + lookback + 1 (`_lo` grows). A probe at each of those times, among
+    the context records, has the pair of every primary from it to the next probe, and
+    the frame [p - lookback, p] holds exactly that run, so a sliding std at the probes
+    gives every run's std: a sliding frame is re-aggregated at every row, so it runs
+    over 3 rows per context record, never over the primaries (thousands per record).
+
+    Not derived from the primaries' windows, so this small plan runs beside theirs
+    instead of after them: the join waits for no further stages (it was three more, one
+    after another, each a few tasks on an otherwise idle machine).
     """
-    is_ctx = F.col("is_ctx")
-    runs = rows.filter(~is_ctx).groupBy("k", "_lo", "_hi").agg(F.min("ts_ms").alias("ts_ms"))
-    ctx = rows.filter(is_ctx).select("k", "ts_ms", "cnum", F.lit(None).cast("long").alias("_lo"),
-                                     F.lit(None).cast("long").alias("_hi"))
-    both = runs.select("k", "ts_ms", F.lit(None).cast("double").alias("cnum"), "_lo", "_hi").unionByName(ctx)
-    frame = Window.partitionBy("k").orderBy("ts_ms").rangeBetween(-lookback_ms, 0)
-    std = F.stddev_pop("cnum").over(frame)
-    return both.select("k", "_lo", "_hi", std.alias("ctx_std")).filter(F.col("_hi").isNotNull())
+    lb = lookback_ms
+    records = ctx.select("k", "ts_ms", "cnum", F.lit(False).alias("_probe"))
+    probes = records.select("k", F.explode(F.array(F.col("ts_ms"), F.col("ts_ms") + F.lit(lb + 1))).alias("ts_ms"),
+                            F.lit(None).cast("double").alias("cnum"), F.lit(True).alias("_probe"))
+    by_time = Window.partitionBy("k").orderBy("ts_ms")
+    at = records.unionByName(probes).select(
+        "k", "ts_ms", "_probe",
+        F.count("cnum").over(by_time.rangeBetween(Window.unboundedPreceding, -(lb + 1))).alias("_lo"),
+        F.count("cnum").over(by_time.rangeBetween(Window.unboundedPreceding, 0)).alias("_hi"),
+        F.stddev_pop("cnum").over(by_time.rangeBetween(-lb, 0)).alias("ctx_std"),
+    ).filter(F.col("_probe"))
+    # Probes at the same time, or whose run did not change, repeat a pair (the pair
+    # grows with time, so repeats are neighbours): one row per run, so the join adds no
+    # rows. Same partitioning and order as above: no shuffle, no sort.
+    prev = F.lag(F.struct("_lo", "_hi")).over(by_time)
+    first = prev.isNull() | (prev["_lo"] != F.col("_lo")) | (prev["_hi"] != F.col("_hi"))
+    return at.select("k", "_lo", "_hi", "ctx_std", first.alias("_first")).filter("_first").drop("_first")
 
 
 def _metric(rule: CorrelationRule) -> Column:
@@ -193,7 +210,7 @@ def correlation_rule(
             null_d.alias("ev"), "cnum", "cjson", "craw",
         )
     )
-    resolved = _resolve(union, rule).filter(~F.col("is_ctx") & F.col("has_ctx"))
+    resolved = _resolve(union, ctx, rule).filter(~F.col("is_ctx") & F.col("has_ctx"))
     judged = resolved.withColumn("metric_value", _metric(rule)).filter(_matches(rule))
     members = correlation_members(
         F.col("ctx_json"), F.lit(rule.metric), F.col("metric_value"), F.col("ctx_record"),
