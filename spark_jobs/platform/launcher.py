@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, TextIO
 
+import psutil
+
 
 @dataclass(frozen=True)
 class RestartPolicy:
@@ -148,6 +150,7 @@ class ChildProcess:
         proc = self.proc
         if proc is None:
             return None
+        strays = _descendants(proc.pid)
         if proc.poll() is None:
             _signal_pid(proc.pid, self.spec.stop_signal)
             if not _wait(proc, self.spec.stop_timeout, force):
@@ -161,6 +164,7 @@ class ChildProcess:
                     _signal_group(proc.pid, signal.SIGKILL)
                     proc.wait()
         _reap_group(proc.pid, force)
+        _reap_strays(strays, force)
         self._close()
         return proc.returncode
 
@@ -234,6 +238,37 @@ def _reap_group(pgid: int, force: threading.Event | None, grace: float = 5.0) ->
             return
         time.sleep(0.1)
     _signal_group(pgid, signal.SIGKILL)
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    """Every process `pid` started, at any depth, whatever its group."""
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def _reap_strays(procs: list[psutil.Process], force: threading.Event | None, grace: float = 5.0) -> None:
+    """Terminate the child's descendants that left its process group and outlived it.
+
+    An Airflow task runs in a session of its own (`airflow worker -- <id>`, and under it
+    the task's Spark JVM): stopping `airflow standalone` and its group left a running
+    `archive_maintenance` task and its JVM behind (seen on machine P). psutil knows a
+    process by pid and start time, so a pid reused since the snapshot is left alone.
+    """
+    alive = []
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            if p.is_running():
+                p.terminate()
+                alive.append(p)
+    if not alive:
+        return
+    wait = 0.1 if force is not None and force.is_set() else grace
+    _, left = psutil.wait_procs(alive, timeout=wait)
+    for p in left:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
 
 
 @dataclass

@@ -8,6 +8,7 @@ one that must not die does.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import signal
@@ -235,6 +236,39 @@ def test_a_child_that_ignores_its_signal_is_killed_after_its_timeout(tmp_path: P
     sup.stop_all()
     assert child.poll() is not None
     assert time.monotonic() - t0 < 10
+
+
+def test_a_grandchild_in_a_session_of_its_own_is_stopped_with_its_child(tmp_path: Path) -> None:
+    """What an Airflow task is to `airflow standalone`: started by the child, but in a
+    session (process group) of its own, so signalling the child's group misses it."""
+    parent = tmp_path / "parent.py"
+    parent.write_text(
+        "import subprocess, sys, time\n"
+        "g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], start_new_session=True)\n"
+        "open(sys.argv[1], 'w').write(str(g.pid))\n"
+        "time.sleep(120)\n"
+    )
+    pid_file = tmp_path / "grandchild.pid"
+    sup = Supervisor(out=io.StringIO(), poll_interval=0.05)
+    sup.start_child(ChildSpec("parent", [sys.executable, str(parent), str(pid_file)], stop_timeout=2.0))
+    wait_for(lambda: pid_file.exists() and pid_file.read_text() != "")
+    grandchild = int(pid_file.read_text())
+    assert os.getpgid(grandchild) == grandchild  # not in the child's group
+    sup.stop_all()
+
+    def gone() -> bool:
+        try:
+            os.kill(grandchild, 0)
+        except ProcessLookupError:
+            return True
+        # A zombie (exited, not yet reaped by init) is gone too.
+        return Path(f"/proc/{grandchild}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+
+    try:
+        wait_for(gone, timeout=10.0)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(grandchild, signal.SIGKILL)
 
 
 def test_when_a_child_dies_the_platform_stops_in_reverse_order(tmp_path: Path) -> None:
