@@ -16,7 +16,9 @@ Every child runs in its own session (process group). A Ctrl-C in the terminal th
 reaches only the supervisor, which then stops the children one by one with each one's
 own graceful signal (the detection job needs SIGTERM to commit its last micro-batch,
 `airflow standalone` needs SIGINT to stop its own children). Whatever is still alive in
-a child's group afterwards (a JVM, a uvicorn worker) is terminated with the group.
+a child's group afterwards (a JVM, a uvicorn worker) is terminated with the group, and
+so is any descendant that had left the group (an Airflow task runs in a session of its
+own, and its Spark JVM under it).
 """
 
 from __future__ import annotations
