@@ -218,9 +218,15 @@ def test_stop_all_stops_children_in_reverse_order_with_their_own_signal(tmp_path
     sup.stop_all()  # idempotent
 
 
+def script(tmp_path: Path, name: str, source: str, out: Path, stop_timeout: float) -> ChildSpec:
+    """A child running `source`, which writes to `out` (its argv[1]) once it is up."""
+    path = tmp_path / f"{name}.py"
+    path.write_text(source)
+    return ChildSpec(name, [sys.executable, str(path), str(out)], stop_timeout=stop_timeout)
+
+
 def test_a_child_that_ignores_its_signal_is_killed_after_its_timeout(tmp_path: Path) -> None:
-    stubborn = tmp_path / "stubborn.py"
-    stubborn.write_text(
+    stubborn = (
         "import signal, time, sys\n"
         "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
         "open(sys.argv[1], 'w').write('up')\n"
@@ -228,9 +234,7 @@ def test_a_child_that_ignores_its_signal_is_killed_after_its_timeout(tmp_path: P
     )
     ready = tmp_path / "ready"
     sup = Supervisor(out=io.StringIO(), poll_interval=0.05)
-    child = sup.start_child(
-        ChildSpec("stubborn", [sys.executable, str(stubborn), str(ready)], stop_timeout=0.5)
-    )
+    child = sup.start_child(script(tmp_path, "stubborn", stubborn, ready, stop_timeout=0.5))
     wait_for(ready.exists)
     t0 = time.monotonic()
     sup.stop_all()
@@ -241,8 +245,7 @@ def test_a_child_that_ignores_its_signal_is_killed_after_its_timeout(tmp_path: P
 def test_a_grandchild_in_a_session_of_its_own_is_stopped_with_its_child(tmp_path: Path) -> None:
     """What an Airflow task is to `airflow standalone`: started by the child, but in a
     session (process group) of its own, so signalling the child's group misses it."""
-    parent = tmp_path / "parent.py"
-    parent.write_text(
+    parent = (
         "import subprocess, sys, time\n"
         "g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], start_new_session=True)\n"
         "open(sys.argv[1], 'w').write(str(g.pid))\n"
@@ -250,7 +253,7 @@ def test_a_grandchild_in_a_session_of_its_own_is_stopped_with_its_child(tmp_path
     )
     pid_file = tmp_path / "grandchild.pid"
     sup = Supervisor(out=io.StringIO(), poll_interval=0.05)
-    sup.start_child(ChildSpec("parent", [sys.executable, str(parent), str(pid_file)], stop_timeout=2.0))
+    sup.start_child(script(tmp_path, "parent", parent, pid_file, stop_timeout=2.0))
     wait_for(lambda: pid_file.exists() and pid_file.read_text() != "")
     grandchild = int(pid_file.read_text())
     assert os.getpgid(grandchild) == grandchild  # not in the child's group
