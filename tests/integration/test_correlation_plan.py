@@ -1,9 +1,9 @@
 """A mean/std correlation rule's std comes from the context records alone.
 
-The primaries' window output is big and its stages finish late; a std table derived
-from it (grouping the primaries by context run) added a pass over the primaries and
-stages that could only start after theirs. These tests read the plan Spark builds and
-the values it gives, against an oracle written here with Python's statistics module.
+A std table derived from the primaries' window output (grouping the primaries by
+context run) took a second pass over the primaries. These tests read the plan Spark
+builds and the values it gives, against an oracle written here with Python's
+statistics module.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from spark_jobs.cli import build_parser
@@ -260,12 +261,11 @@ def test_a_grandchild_in_a_session_of_its_own_is_stopped_with_its_child(tmp_path
     sup.stop_all()
 
     def gone() -> bool:
-        try:
-            os.kill(grandchild, 0)
-        except ProcessLookupError:
-            return True
         # A zombie (exited, not yet reaped by init) is gone too.
-        return Path(f"/proc/{grandchild}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+        try:
+            return psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
 
     try:
         wait_for(gone, timeout=10.0)
