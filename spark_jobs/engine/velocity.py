@@ -3,9 +3,11 @@ functions, evaluated in the JVM.
 
 Rules that read the same topic with the same key and clock form one group, evaluated in
 one pass: one shuffle and one sort of the events by (key, time), each rule's window an
-aggregate over its own qualifying rows (`CASE WHEN qualifies THEN value END`). Ten rules
-grouped by user cost one sort, not ten; the event text rides along once, so emitted
-rows need no join back to their events.
+aggregate over its own qualifying rows (`CASE WHEN qualifies THEN value END`); rules
+with the same conditions and value share those columns and the window aggregates that
+do not depend on the window's size (`_Shared`). Ten rules grouped by user cost one
+sort, not ten; the event text rides along once, so emitted rows need no join back to
+their events.
 
 The window at an event at time t holds the key's qualifying events with timestamps in
 (t - W, t] that were taken at or before it; equal timestamps are taken in arrival
@@ -23,12 +25,15 @@ the rows of time t that arrived after the event.
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from functools import reduce
 
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
+from pyspark.sql.window import WindowSpec
 
 from spark_jobs.engine.conditions import all_conditions
 from spark_jobs.engine.emits import (
@@ -57,13 +62,19 @@ def _group_key(rule: VelocityRule) -> tuple[str, str | None, str | None]:
     return rule.source_topic, rule.group_by, rule.timestamp_field if rule.uses_event_time else None
 
 
+def _value_key(rule: VelocityRule) -> tuple[str, str | None]:
+    """Rules with equal keys aggregate the same value (see `_value`)."""
+    kind = {"count": "count", "distinct_count": "json"}.get(rule.aggregation_type, "num")
+    return kind, rule.aggregation_field
+
+
 def _value(rule: VelocityRule, fields: Fields) -> Column:
     """What the rule aggregates; NULL when the event lacks it (the event then does not
     enter the window). count needs no value, but a named aggregation_field must exist."""
-    path = rule.aggregation_field
-    if rule.aggregation_type == "count":
+    kind, path = _value_key(rule)
+    if kind == "count":
         return F.when(fields.value(path).present, F.lit("")) if path else F.lit("")
-    if rule.aggregation_type == "distinct_count":
+    if kind == "json":
         return fields.value(path).json
     return fields.value(path).num
 
@@ -72,26 +83,47 @@ def _time(rule: VelocityRule, fields: Fields) -> Column:
     return fields.time(rule.timestamp_field) if rule.uses_event_time else F.col("proc_ms")
 
 
+@dataclass(frozen=True)
+class _Input:
+    """A rule's columns in its group: `q` (the event enters its window), `x` (the value
+    it aggregates). Rules with the same conditions and value share them."""
+
+    q: str
+    x: str
+
+
 def _entered(
     events: DataFrame, rules: list[VelocityRule], fields: Fields, timed: bool = True
-) -> tuple[DataFrame, list[Column]]:
-    """The group's events that enter at least one rule's window: k, ts_ms, one `_q{i}`
-    (enters rule i) and `_x{i}` (its value) per rule. `timed`: only those with a usable
-    timestamp (the others are `_dead`)."""
+) -> tuple[DataFrame, list[_Input]]:
+    """The group's events that enter at least one rule's window: k, ts_ms, and the
+    rules' `_Input` columns, one of each per distinct (conditions, value) and value, not
+    per rule: the rows carry them through every window operator. `timed`: only those
+    with a usable timestamp (the others are `_dead`)."""
     first = rules[0]
     v = F.col("v")
     topic_events = events.filter(F.col("topic") == first.source_topic)
+    values: dict[tuple, tuple[str, Column]] = {}
+    entries: dict[tuple, str] = {}
     cols: list[Column] = []
-    for i, r in enumerate(rules):
-        x = _value(r, fields)
-        cols += [(all_conditions(v, r.conditions, fields.values) & x.isNotNull()).alias(f"_q{i}"), x.alias(f"_x{i}")]
+    inputs: list[_Input] = []
+    for r in rules:
+        vkey = _value_key(r)
+        if vkey not in values:
+            values[vkey] = (f"_x{len(values)}", _value(r, fields))
+            cols.append(values[vkey][1].alias(values[vkey][0]))
+        x, value = values[vkey]
+        qkey = (vkey, tuple(json.dumps(c.model_dump(mode="json"), sort_keys=True) for c in r.conditions))
+        if qkey not in entries:
+            entries[qkey] = f"_q{len(entries)}"
+            cols.append((all_conditions(v, r.conditions, fields.values) & value.isNotNull()).alias(entries[qkey]))
+        inputs.append(_Input(entries[qkey], x))
     base = topic_events.select(
         "topic", "seq", "raw", "proc_ms", fields.key(first.group_by).alias("k"), _time(first, fields).alias("ts_ms"),
         *cols,
     )
-    q = [F.col(f"_q{i}") for i in range(len(rules))]
+    q = [F.col(name) for name in entries.values()]
     base = base.filter(F.col("k").isNotNull() & reduce(lambda a, b: a | b, q))
-    return (base.filter(F.col("ts_ms").isNotNull()) if timed else base), q
+    return (base.filter(F.col("ts_ms").isNotNull()) if timed else base), inputs
 
 
 def _dead(events: DataFrame, rules: list[VelocityRule], fields: Fields) -> DataFrame:
@@ -100,89 +132,134 @@ def _dead(events: DataFrame, rules: list[VelocityRule], fields: Fields) -> DataF
     conditions are evaluated only for the (normally few) events without one."""
     first = rules[0]
     untimed = events.filter((F.col("topic") == first.source_topic) & _time(first, fields).isNull())
-    entered, q = _entered(untimed, rules, fields, timed=False)
+    entered, inputs = _entered(untimed, rules, fields, timed=False)
     ids = F.array(*[F.lit(r.rule_id) for r in rules])
     what = f"timestamp field {first.timestamp_field!r}" if first.uses_event_time else "processing time"
-    return explode_matching(entered, matching(q), ["topic", "seq", "raw"]).select(
+    return explode_matching(entered, matching([F.col(i.q) for i in inputs]), ["topic", "seq", "raw"]).select(
         "topic", "seq", "raw", F.lit(f"missing or unparseable {what} needed by velocity rule").alias("reason"),
         F.element_at(ids, F.col("_i") + 1).alias("rule_id"),
     )
 
 
-def _aggregate(i: int, rule: VelocityRule) -> Column:
-    """Rule i's aggregation over its window at each event (meaningful where `_q{i}`)."""
+@dataclass
+class _Shared:
+    """Window columns of one group, each computed once however many rules need it.
+
+    Spark computes every window expression written, equal ones too (one plan had
+    `sum(x) OVER w` three times in its Window operator); rules of a group often need
+    the same one: the running count or sum of the events entering under the same
+    conditions, whatever each rule's window. `get` names a column by what it computes;
+    `add` puts them all in one projection, so one window operator per frame order."""
+
+    prefix: str
+    columns: dict[str, Column] = field(default_factory=dict)
+    names: dict[tuple, str] = field(default_factory=dict)
+
+    def get(self, key: tuple, build: Callable[[], Column]) -> Column:
+        name = self.names.get(key)
+        if name is None:
+            name = self.names[key] = f"{self.prefix}{len(self.names)}"
+            self.columns[name] = build()
+        return F.col(name)
+
+    def add(self, df: DataFrame) -> DataFrame:
+        return df.select("*", *[c.alias(n) for n, c in self.columns.items()]) if self.columns else df
+
+
+class _Frames:
+    """The group's window specs (each one is Py4J calls to build: once per group)."""
+
+    def __init__(self) -> None:
+        self.by_time: WindowSpec = Window.partitionBy("k").orderBy("ts_ms")
+        # Everything up to this event in (time, arrival) order; and strictly before it.
+        in_order = Window.partitionBy("k").orderBy("ts_ms", "seq")
+        self.prefix: WindowSpec = in_order.rowsBetween(Window.unboundedPreceding, 0)
+        self.before: WindowSpec = in_order.rowsBetween(Window.unboundedPreceding, -1)
+
+
+def _aggregate(rule: VelocityRule, inp: _Input, frames: _Frames, shared: _Shared) -> Column:
+    """The rule's aggregation over its window at each event (meaningful where its `q`),
+    from the group's shared window columns."""
     w_ms = rule.window_ms
-    by_time = Window.partitionBy("k").orderBy("ts_ms")
-    # Everything up to this event in (time, arrival) order.
-    prefix = Window.partitionBy("k").orderBy("ts_ms", "seq").rowsBetween(Window.unboundedPreceding, 0)
-    val = F.when(F.col(f"_q{i}"), F.col(f"_x{i}"))
-    one = F.when(F.col(f"_q{i}"), F.lit(1))
+    q, x = inp.q, inp.x
+    val = F.when(F.col(q), F.col(x))
     kind = rule.aggregation_type
 
-    def in_window(agg: Column) -> Column:
+    def in_window(name: str, agg: Callable[[], Column]) -> Column:
         """agg over the window: everything up to this event in (time, arrival) order,
-        less everything at or before t - W.
+        less everything at or before t - W. The first is the same for every rule with
+        these inputs; the second is the rule's own.
 
         Spark re-aggregates a sliding frame from scratch whenever it moves (O(n * w)),
         which is quadratic for a busy key; both frames here are prefix frames, which
         Spark computes incrementally: O(n). Sums use DECIMAL so the difference is exact.
         """
-        upto_me = agg.over(prefix)
-        upto_low = agg.over(by_time.rangeBetween(Window.unboundedPreceding, -w_ms))
+        upto_me = shared.get((name, q, x, "upto"), lambda: agg().over(frames.prefix))
+        upto_low = shared.get((name, q, x, w_ms),
+                              lambda: agg().over(frames.by_time.rangeBetween(Window.unboundedPreceding, -w_ms)))
         return F.coalesce(upto_me, F.lit(0)) - F.coalesce(upto_low, F.lit(0))
 
-    exact = val.try_cast("decimal(38,12)")
+    def count() -> Column:
+        # `q` implies a value (`_entered`), so this counts the values too: avg shares it.
+        return in_window("count", lambda: F.count(F.when(F.col(q), F.lit(1)))).cast("double")
+
+    def total() -> Column:
+        return in_window("sum", lambda: F.sum(val.try_cast("decimal(38,12)"))).cast("double")
+
     if kind == "count":
-        return in_window(F.count(one)).cast("double")
+        return count()
     if kind == "sum":
-        return in_window(F.sum(exact)).cast("double")
+        return total()
     if kind == "avg":
         # A row that does not enter this rule may see an empty window: NULL, not an error.
         # The exact sum rounded once to a double, then divided in double: what the live
         # job computes (math.fsum / n). DECIMAL division would round to its own scale.
-        return F.try_divide(in_window(F.sum(exact)).cast("double"), in_window(F.count(val)).cast("double"))
+        return F.try_divide(total(), count())
     # min, max and distinct_count do not subtract. A: a sliding range frame over the
     # strictly earlier timestamps inside the window. B (this timestamp, arrival order up
     # to this event) from the prefix frame the sums use: the greatest (ts_ms, value) of
     # the prefix has this event's timestamp (the rows come in time order), and among
     # equal timestamps the extreme value. A frame per (key, timestamp) would do the
     # same as a third window operator, over partitions of mostly one row.
-    sliding = by_time.rangeBetween(-(w_ms - 1), -1) if w_ms > 1 else None
 
-    def over_a(a: Column, empty: Column) -> Column:
-        return a.over(sliding) if sliding is not None else empty
+    def over_a(name: str, a: Callable[[], Column]) -> Column:
+        if w_ms <= 1:
+            return F.lit(None).cast("double")
+        return shared.get((name, q, x, w_ms), lambda: a().over(frames.by_time.rangeBetween(-(w_ms - 1), -1)))
 
     if kind == "max":
         # NULL sorts first in a struct: a value wins over none.
-        same_ts = F.max(F.struct(F.col("ts_ms").alias("t"), val.alias("x"))).over(prefix)["x"]
-        return F.greatest(over_a(F.max(val), F.lit(None).cast("double")), same_ts)
+        same_ts = shared.get(("max", q, x, "upto"), lambda: F.max(F.struct(F.col("ts_ms").alias("t"), val.alias("x")))
+                             .over(frames.prefix))["x"]
+        return F.greatest(over_a("max", lambda: F.max(val)), same_ts)
     if kind == "min":
         # The earliest (-ts_ms), then a value before none, then the smallest value.
         first = F.struct((-F.col("ts_ms")).alias("t"), val.isNull().alias("n"), val.alias("x"))
-        return F.least(over_a(F.min(val), F.lit(None).cast("double")), F.min(first).over(prefix)["x"])
+        same_ts = shared.get(("min", q, x, "upto"), lambda: F.min(first).over(frames.prefix))["x"]
+        return F.least(over_a("min", lambda: F.min(val)), same_ts)
     if kind == "distinct_count":
         # A and B in one range frame [t - W + 1, t]: its rows of this timestamp that
         # arrived after this event are filtered out before counting.
-        taken = F.collect_list(F.when(F.col(f"_q{i}"), F.struct(F.col("ts_ms").alias("t"), F.col("seq").alias("s"),
-                                                               val.alias("x"))))
-        frame = taken.over(by_time.rangeBetween(-(w_ms - 1), 0))
+        taken = F.collect_list(F.when(F.col(q), F.struct(F.col("ts_ms").alias("t"), F.col("seq").alias("s"),
+                                                         val.alias("x"))))
+        frame = shared.get(("distinct", q, x, w_ms), lambda: taken.over(frames.by_time.rangeBetween(-(w_ms - 1), 0)))
         mine = F.filter(frame, lambda e: (e["t"] < F.col("ts_ms")) | (e["s"] <= F.col("seq")))
         return F.size(F.array_distinct(F.transform(mine, lambda e: e["x"]))).cast("double")
     raise ValueError(kind)  # pragma: no cover - the model rejects other values
 
 
-def _fires(i: int, rule: VelocityRule) -> Column:
+def _fires(i: int, rule: VelocityRule, inp: _Input, frames: _Frames, shared: _Shared) -> Column:
     """Whether rule i emits at this event, per its emit_mode. `last_event` compares with
     the aggregation at the key's previous event that entered this rule, while that event
     is in this one's window: once the window has emptied, the key starts a new episode
-    (the live job has dropped the key's state by then; README, "last_event")."""
-    agg, q = F.col(f"_a{i}"), F.col(f"_q{i}")
+    (the live job has dropped the key's state by then; README, "last_event"). That
+    event's time is the same for every rule with these inputs."""
+    agg, q = F.col(f"_a{i}"), F.col(inp.q)
     above = q & (agg >= F.lit(float(rule.threshold)))
     if rule.emit_mode == "all_events":
         return above
-    before = Window.partitionBy("k").orderBy("ts_ms", "seq").rowsBetween(Window.unboundedPreceding, -1)
-    prev = F.last(F.when(q, agg), ignorenulls=True).over(before)
-    prev_ts = F.last(F.when(q, F.col("ts_ms")), ignorenulls=True).over(before)
+    prev = shared.get(("agg", i), lambda: F.last(F.when(q, agg), ignorenulls=True).over(frames.before))
+    prev_ts = shared.get(("ts", inp.q), lambda: F.last(F.when(q, F.col("ts_ms")), ignorenulls=True).over(frames.before))
     new_episode = prev.isNull() | (prev_ts <= F.col("ts_ms") - F.lit(rule.window_ms))
     return above & (new_episode | (prev < F.lit(float(rule.threshold))))
 
@@ -190,16 +267,21 @@ def _fires(i: int, rule: VelocityRule) -> Column:
 def _fired(events: DataFrame, rules: list[VelocityRule], fields: Fields) -> DataFrame:
     """Fired rows of one group: the event columns plus `_i` (index of the rule that
     fired) and `agg`."""
-    entered, _ = _entered(events, rules, fields)
+    entered, inputs = _entered(events, rules, fields)
     # One shuffle and one sort serve every window below: each Window's required
     # distribution (by k) and ordering (k, ts_ms[, seq]) is already met.
     ordered = entered.repartition("k").sortWithinPartitions("k", "ts_ms", "seq")
-    with_aggs = ordered.select("*", *[_aggregate(i, r).alias(f"_a{i}") for i, r in enumerate(rules)])
-    fired = matching([_fires(i, r) for i, r in enumerate(rules)])
-    aggs = F.array(*[F.col(f"_a{i}") for i in range(len(rules))])
-    # Window functions may not sit under a generator: the matches first, then explode.
+    frames = _Frames()
+    windows = _Shared("_w")
+    aggs = [_aggregate(r, inp, frames, windows).alias(f"_a{i}") for i, (r, inp) in enumerate(zip(rules, inputs, strict=True))]
     keep = ["topic", "seq", "raw", "proc_ms", "ts_ms"]
-    fired_rows = with_aggs.select(*keep, fired.alias("_fired"), aggs.alias("_aggs"))
+    q_names = list(dict.fromkeys(inp.q for inp in inputs))
+    with_aggs = windows.add(ordered).select(*keep, "k", *q_names, *aggs)
+    previous = _Shared("_p")
+    fired = matching([_fires(i, r, inp, frames, previous) for i, (r, inp) in enumerate(zip(rules, inputs, strict=True))])
+    agg_array = F.array(*[F.col(f"_a{i}") for i in range(len(rules))])
+    # Window functions may not sit under a generator: the matches first, then explode.
+    fired_rows = previous.add(with_aggs).select(*keep, fired.alias("_fired"), agg_array.alias("_aggs"))
     out = explode_matching(fired_rows, F.col("_fired"), [*keep, "_aggs"])
     return out.select(*keep, "_i", F.element_at("_aggs", F.col("_i") + 1).alias("agg"))
 
