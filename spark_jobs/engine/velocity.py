@@ -151,14 +151,14 @@ class _Shared:
     conditions, whatever each rule's window. `get` names a column by what it computes;
     `add` puts them all in one projection, so one window operator per frame order."""
 
-    prefix: str
+    stem: str  # of the columns' names
     columns: dict[str, Column] = field(default_factory=dict)
     names: dict[tuple, str] = field(default_factory=dict)
 
     def get(self, key: tuple, build: Callable[[], Column]) -> Column:
         name = self.names.get(key)
         if name is None:
-            name = self.names[key] = f"{self.prefix}{len(self.names)}"
+            name = self.names[key] = f"{self.stem}{len(self.names)}"
             self.columns[name] = build()
         return F.col(name)
 
