@@ -255,9 +255,10 @@ def test_a_warm_backtest_does_not_compile_its_plan_again(spark, tmp_path, monkey
     # A few may be new: adaptive execution re-plans a branch from the stages that have
     # finished, so a plan's shape can vary with their order, which the scan running
     # beside the planning changes. Alone on the machine the second run compiled 0-2
-    # classes (a projection of a literal row) the first had not needed; a CI run with a
-    # second test worker beside it compiled more than 5. With Spark's default cache it
-    # compiled 219 (every class again), so a tenth of the first run's still tells the two apart.
+    # classes (a projection of a literal row) the first had not needed; a CI run, a
+    # second test worker beside it, failed this test when the bound was 5 (it did not
+    # print the count). With Spark's default cache it compiled 219 (every class again),
+    # so a tenth of the first run's still tells the two apart.
     recompiled = _compiled(spark) - again
     assert recompiled <= generated // 10, f"the second backtest compiled {recompiled} of the first's {generated} classes"
     assert second["detections"] == first["detections"] > 0
