@@ -109,8 +109,9 @@ def _entered(
     for r in rules:
         vkey = _value_key(r)
         if vkey not in values:
-            values[vkey] = (f"_x{len(values)}", _value(r, fields))
-            cols.append(values[vkey][1].alias(values[vkey][0]))
+            name, value = f"_x{len(values)}", _value(r, fields)
+            values[vkey] = (name, value)
+            cols.append(value.alias(name))
         x, value = values[vkey]
         qkey = (vkey, tuple(json.dumps(c.model_dump(mode="json"), sort_keys=True) for c in r.conditions))
         if qkey not in entries:
