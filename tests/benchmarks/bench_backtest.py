@@ -126,6 +126,14 @@ def jvm_cpu_s(spark) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def jit_s(spark) -> float:
+    """Seconds HotSpot's JIT compilers have spent compiling in this JVM: on two cores,
+    what a "warm" run still pays while the JIT has not settled (README, machine R:
+    2.7-4.5 s of a 9-10 s run after 9-15 runs)."""
+    return spark.sparkContext._jvm.java.lang.management.ManagementFactory.getCompilationMXBean() \
+        .getTotalCompilationTime() / 1000
+
+
 def archive_table(spark, work: Path, ev: Path, ctx: Path):
     """The files as an archive table (written once, reused while `--keep DIR` is kept):
     what `rulectl archive` would have written had the events come through Kafka."""
@@ -186,12 +194,16 @@ def main() -> None:
     print(f"machine: {platform.machine()} {os.cpu_count()} cores, python {platform.python_version()}, local[2]")
     source = "the archive table" if args.table else "JSON Lines"
     for run in range(args.repeat):
-        t, cpu = time.time(), jvm_cpu_s(spark)
+        t, cpu, jit, py = time.time(), jvm_cpu_s(spark), jit_s(spark), time.process_time()
         summary = run_backtest(spark, cfg)
-        elapsed, cpu = time.time() - t, jvm_cpu_s(spark) - cpu
+        elapsed, cpu, jit = time.time() - t, jvm_cpu_s(spark) - cpu, jit_s(spark) - jit
+        py = time.process_time() - py
         print(f"rules: 50 threshold + 10 velocity + 2 correlation; detections: {summary['detections']}")
+        # busy: the CPU the JVM and this (driver) process used, as a share of both cores
+        # over the run: near 100%, a run is CPU-bound and only less work makes it faster.
         print(f"run {run + 1}: backtest of {args.events} events from {source}: {elapsed:.1f}s -> "
-              f"{args.events / elapsed:,.0f} events/s (Spark JVM CPU {cpu:.1f}s)")
+              f"{args.events / elapsed:,.0f} events/s (Spark JVM CPU {cpu:.1f}s, of it JIT compiling "
+              f"{jit:.1f}s; driver Python {py:.1f}s; busy {(cpu + py) / (2 * elapsed):.0%} of 2 cores)")
 
 
 if __name__ == "__main__":
