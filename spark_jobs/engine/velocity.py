@@ -96,9 +96,9 @@ def _entered(
     events: DataFrame, rules: list[VelocityRule], fields: Fields, timed: bool = True
 ) -> tuple[DataFrame, list[_Input]]:
     """The group's events that enter at least one rule's window: k, ts_ms, and the
-    rules' `_Input` columns, one of each per distinct (conditions, value) and value, not
-    per rule: the rows carry them through every window operator. `timed`: only those
-    with a usable timestamp (the others are `_dead`)."""
+    rules' `_Input` columns: an `x` per distinct value, a `q` per distinct (value,
+    conditions), not one of each per rule, for the rows carry them through every window
+    operator. `timed`: only those with a usable timestamp (the others are `_dead`)."""
     first = rules[0]
     v = F.col("v")
     topic_events = events.filter(F.col("topic") == first.source_topic)
