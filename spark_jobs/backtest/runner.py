@@ -131,24 +131,30 @@ def _write_and_count(parsed: DataFrame, lines: DataFrame, result: EngineResult, 
     """Both files, each sorted, and the summary's counts, written by one Spark job (no
     collect of the lines to the driver); returns the counts: (what, name) -> row.
 
-    The lines are cached; one single-partition exchange of them is sorted by (file,
-    keys), and the writer, partitioned by `file`, needs its rows grouped by that
-    column, which the sort already gives, so it adds no sort of its own and the keys'
-    order within each file survives. The counts aggregate the cached lines in the same
-    job and are written as a third partition of the output, read back here: a count
-    query of its own after the write (planned over the whole rule plan again) left the
-    cores idle ~0.6 s longer per warm 200k-event run. Not cached, the lines would be
-    computed twice: the count's exchange prunes the columns it does not read, so Spark
-    cannot reuse the write's exchange for it."""
+    The lines are cached, then read as one partition, sorted by (file, keys); the
+    writer, partitioned by `file`, needs its rows grouped by that column, which the
+    sort already gives, so it adds no sort of its own and the keys' order within each
+    file survives. The counts aggregate the cached lines in the same job and are
+    written as a third partition of the output, read back here: a count query of its
+    own after the write (planned over the whole rule plan again) left the cores idle
+    ~0.6 s longer per warm 200k-event run. Not cached, the lines would be computed
+    twice: the count's exchange prunes the columns it does not read, so Spark cannot
+    reuse the write's exchange for it.
+
+    The cache has a partition per partition of the rules' union (25 in the benchmark).
+    Adaptive execution builds it in a stage of its own, so its readers need not keep
+    that many tasks: the sort reads it coalesced to one partition (no exchange of the
+    lines) and the counts to two, one per core. Read as 25 partitions each, two more
+    stages of 25 tasks of a few milliseconds ran after the build (README, machine S)."""
     tmp = out_dir / ".lines.parts"
     shutil.rmtree(tmp, ignore_errors=True)
     lines = lines.persist(StorageLevel.MEMORY_AND_DISK)
     no_key = [F.lit(None).cast(t).alias(c) for c, t in (("k_time", "long"), ("rule_id", "string"),
                                                         ("k_seq", "long"), ("k_id", "string"))]
-    counts = _counts(parsed, lines, result).select(
+    counts = _counts(parsed, lines.coalesce(2), result).select(
         F.lit(_COUNTS_PART).alias("file"), F.to_json(F.struct("what", "name", "n", "first", "last")).alias("line"),
         *no_key)
-    (lines.repartition(1).unionByName(counts).sortWithinPartitions(*_SORT_KEYS).select("file", "line")
+    (lines.coalesce(1).unionByName(counts).sortWithinPartitions(*_SORT_KEYS).select("file", "line")
      .write.partitionBy("file").mode("overwrite").text(str(tmp)))
     for kind, name in _FILES.items():
         with (out_dir / name).open("wb") as out:
