@@ -29,6 +29,20 @@ def spark():
     s.stop()
 
 
+@pytest.fixture(params=["jvm", "windows"])
+def velocity_pass(request, spark):
+    """The test runs once per way the backtest evaluates a velocity group: the JVM pass
+    (BatchVelocity, the default) and Spark window functions (what a Spark Connect
+    session gets). Fails if the JVM pass is asked for and the session cannot run it,
+    so a silent fallback cannot pass as the JVM's result."""
+    from spark_jobs.engine.velocity import JVM_PASS_CONF, jvm_pass
+
+    spark.conf.set(JVM_PASS_CONF, request.param)
+    assert (jvm_pass(spark) is not None) == (request.param == "jvm")
+    yield request.param
+    spark.conf.unset(JVM_PASS_CONF)
+
+
 @pytest.fixture(scope="session")
 def demo_inputs() -> dict[str, Path]:
     d = ROOT / "tests" / "data" / "demo"

@@ -14,7 +14,7 @@ from functools import reduce
 from pathlib import Path
 
 from pyspark import InheritableThread, StorageLevel
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from spark_jobs.backtest.inputs import InputSpec, read_input
@@ -82,21 +82,30 @@ _FILES = {"detections": "detections.jsonl", "dead_letter": "dead_letter.jsonl"}
 _SORT_KEYS = ["file", "k_time", "rule_id", "k_seq", "k_id"]
 
 
-def _output_lines(detections: DataFrame | None, dead: DataFrame) -> DataFrame:
+def _dead_line() -> Column:
+    return F.to_json(F.struct("topic", "reason", "rule_id", "raw"), {"ignoreNullFields": "false"})
+
+
+def _output_lines(evaluated: DataFrame | None, dead: DataFrame) -> DataFrame:
     """Every line the backtest writes, of both files, as one DataFrame: one Spark job
     writes them (a plan per file was a second planning of the rules and a second pass
-    over the cached events, ~1 s of a 200k-event run), and the summary counts them."""
+    over the cached events, ~1 s of a 200k-event run), and the summary counts them.
+
+    `evaluated` (EngineResult.evaluated) gives detection lines, and dead-letter lines
+    where its `reason` is set, in one projection."""
+    none_long, none_str = F.lit(None).cast("long"), F.lit(None).cast("string")
     dead_lines = dead.select(
-        F.lit("dead_letter").alias("file"),
-        F.to_json(F.struct("topic", "reason", "rule_id", "raw"), {"ignoreNullFields": "false"}).alias("line"),
-        F.col("seq").alias("k_time"), F.col("rule_id"), F.lit(None).cast("long").alias("k_seq"),
-        F.lit(None).cast("string").alias("k_id"),
+        F.lit("dead_letter").alias("file"), _dead_line().alias("line"),
+        F.col("seq").alias("k_time"), F.col("rule_id"), none_long.alias("k_seq"), none_str.alias("k_id"),
     )
-    if detections is None:
+    if evaluated is None:
         return dead_lines
-    det_lines = detections.select(
-        F.lit("detections").alias("file"), F.col("value").alias("line"),
-        F.col("ts_ms").alias("k_time"), "rule_id", F.col("seq").alias("k_seq"), F.col("detection_id").alias("k_id"),
+    ok = F.col("reason").isNull()
+    det_lines = evaluated.select(
+        F.when(ok, F.lit("detections")).otherwise(F.lit("dead_letter")).alias("file"),
+        F.when(ok, F.col("value")).otherwise(_dead_line()).alias("line"),
+        F.when(ok, F.col("ts_ms")).otherwise(F.col("seq")).alias("k_time"), "rule_id",
+        F.when(ok, F.col("seq")).alias("k_seq"), F.when(ok, F.col("detection_id")).alias("k_id"),
     )
     return det_lines.unionByName(dead_lines)
 
@@ -267,7 +276,7 @@ def _run(spark: SparkSession, cfg: BacktestConfig) -> dict:
     # Routed velocity emits feed correlation rules and the summary: compute them once.
     result.routed = {rid: df.persist(StorageLevel.MEMORY_AND_DISK) for rid, df in result.routed.items()}
     dead = reduce(lambda a, b: a.unionByName(b), [malformed, *result.dead_letters])
-    counts = _write_and_count(parsed, _output_lines(result.detections, dead), result, cfg.out_dir)
+    counts = _write_and_count(parsed, _output_lines(result.evaluated, dead), result, cfg.out_dir)
     for df in (parsed, *result.routed.values()):
         df.unpersist()
 

@@ -82,13 +82,13 @@ def detection_value(raw: Column, head: Column, extra: Column, did: Column, proce
     return F.concat(body.cast("string"), F.when(empty_object, F.lit("")).otherwise(F.lit(",")), members, F.lit("}"))
 
 
-def render(emits: DataFrame, processed: Column | None = None) -> DataFrame:
+def render(emits: DataFrame, processed: Column | None = None, keep: tuple[str, ...] = ()) -> DataFrame:
     """EMIT_COLUMNS (plus `head`, see head_of) -> DETECTION_COLUMNS, `value` being the
-    detection JSON text."""
+    detection JSON text; and the columns `keep` of `emits` as they are."""
     did = detection_id(F.col("rule_id"), F.col("rule_version"), F.col("topic"), F.col("raw"))
     value = detection_value(F.col("raw"), head_of(emits), F.col("extra"), F.col("_did"), processed)
     return emits.withColumn("_did", did).select(
         F.col("_did").alias("detection_id"),
         "rule_id", "rule_version", "rule_type", "topic", "seq", "ts_ms",
-        value.alias("value"),
+        value.alias("value"), *keep,
     )

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from functools import reduce
 
 from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 
 from spark_jobs.engine.correlation import correlation_rule
 from spark_jobs.engine.detections import render
@@ -27,6 +28,11 @@ class EngineResult:
     dead_letters: list[DataFrame] = field(default_factory=list)
     routed: dict[str, DataFrame] = field(default_factory=dict)  # velocity rule id -> routed events
     primaries: dict[str, DataFrame] = field(default_factory=dict)  # correlation rule id -> primaries
+    # DETECTION_COLUMNS, `raw` and `reason`: the detections and, where `reason` is set,
+    # the events a velocity rule could not evaluate (dead letters, as the live job's; not
+    # in `detections`). One plan holds both, so a writer of both (the backtest) runs the
+    # rules once: two filters of one plan would run it twice.
+    evaluated: DataFrame | None = None
 
 
 def _union(dfs: list[DataFrame]) -> DataFrame | None:
@@ -69,6 +75,9 @@ def evaluate(events: DataFrame, rules: list[AnyRule], fields: Fields | None = No
         result.primaries[rule.rule_id] = out.primaries
         emits.append(out.emits)
 
-    all_emits = _union([e.select(*EMIT_COLUMNS, "head") for e in emits])
-    result.detections = render(all_emits) if all_emits is not None else None
+    none = F.lit(None).cast("string").alias("reason")
+    all_emits = _union([e.select(*EMIT_COLUMNS, "head", "reason" if "reason" in e.columns else none) for e in emits])
+    if all_emits is not None:
+        result.evaluated = render(all_emits, keep=("raw", "reason"))
+        result.detections = result.evaluated.filter(F.col("reason").isNull()).drop("raw", "reason")
     return result

@@ -129,11 +129,14 @@ final class Velocity {
         }
     }
 
-    /** One aggregation over a range of the merged column that slides forward. */
-    private static final class Window {
+    /**
+     * One aggregation over a range of the merged column that slides forward; also the
+     * backtest's ({@link BatchVelocity}), whose columns grow (hence not final).
+     */
+    static final class Window {
         final String kind;
-        final double[] num;
-        final String[] jv;
+        double[] num;
+        String[] jv;
         // sum / avg: the exact sum of the finite values, and CPython fsum's special values
         BigDecimal sum = BigDecimal.ZERO;
         int values; // values present (not NaN)
