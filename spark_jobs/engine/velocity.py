@@ -18,15 +18,15 @@ Two ways to run the pass, with the same detections but for sums past DECIMAL(38,
   conditions and value share those columns and the window aggregates that do not
   depend on the window's size (`_Shared`). Sums in DECIMAL(38,12) (README, Known
   limits). In the benchmark's ten-rule group this was 27 window expressions in three
-  Window operators; the JVM pass made a warm 1M-event backtest ~3 s faster (README,
-  machine T).
+  Window operators; the JVM pass made a warm 1M-event backtest 3.6 s faster (A/B
+  medians, README, machine T).
 
-In both, the window at an event at time t holds the key's qualifying events with timestamps in
-(t - W, t] that were taken at or before it; equal timestamps are taken in arrival
-order. As window functions: a range frame on the timestamp alone would also include
-later events with the same timestamp. So count, sum and avg are the difference of two prefix frames (all up
-to this event in (time, arrival) order, less all at or before t - W); min, max and
-distinct_count, which do not subtract, combine two frames:
+In both, the window at an event at time t holds the key's qualifying events with
+timestamps in (t - W, t] that were taken at or before it; equal timestamps are taken
+in arrival order. As window functions: a range frame on the timestamp alone would also
+include later events with the same timestamp. So count, sum and avg are the difference
+of two prefix frames (all up to this event in (time, arrival) order, less all at or
+before t - W); min, max and distinct_count, which do not subtract, combine two frames:
 
   A: strictly earlier timestamps inside the window  (range frame [-(W-1), -1] in ms)
   B: the same timestamp, arrival order up to this event  (from the prefix frame)
