@@ -26,8 +26,9 @@ import org.apache.spark.sql.types.StructType;
  *
  * Spark's window functions need an expression per (rule, frame) and a frame per window
  * size; a ten-rule group was 27 window expressions in three Window operators, each
- * carrying every row's text through, and the slowest part of a 1M-event backtest (README,
- * machine T). Here each event is read once, and each rule it enters costs O(1) amortized.
+ * carrying every row's text through: at 1M events twice its floor's time, the largest
+ * gap of the backtest to its floor (README, machine S). Here each event is read once,
+ * and each rule it enters costs O(1) amortized (README, machine T: the A/B).
  * State is bounded by the rows of one key's largest window (entries leave as the window
  * moves; the columns are compacted, not grown, while half of them are free).
  */
@@ -52,8 +53,8 @@ public final class BatchVelocity {
     /**
      * The rows of `entered` (velocity.py `_entered`: topic, seq, raw, proc_ms, k, ts_ms and
      * each rule's `q` and `x` columns; k and ts_ms not null) at which a rule of `specJson`
-     * fires or cannot be evaluated: {"rules": [{"q", "x", "aggregation_type", "window_ms", "threshold",
-     * "all_events"}]}, a rule's index in that list being its `_i`.
+     * fires or cannot be evaluated: {"rules": [{"q", "x", "aggregation_type",
+     * "window_ms", "threshold", "all_events"}]}, a rule's index in that list its `_i`.
      */
     public static Dataset<Row> fired(Dataset<Row> entered, String specJson) {
         Dataset<Row> sorted = entered.repartition(entered.col("k")).sortWithinPartitions("k", "ts_ms", "seq");
