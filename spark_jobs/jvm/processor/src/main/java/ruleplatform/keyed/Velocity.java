@@ -131,12 +131,12 @@ final class Velocity {
 
     /**
      * One aggregation over a range of the merged column that slides forward; also the
-     * backtest's ({@link BatchVelocity}), whose columns grow (hence not final).
+     * backtest's ({@link BatchVelocity}, which builds a new one when its columns move).
      */
     static final class Window {
         final String kind;
-        double[] num;
-        String[] jv;
+        final double[] num;
+        final String[] jv;
         // sum / avg: the exact sum of the finite values, and CPython fsum's special values
         BigDecimal sum = BigDecimal.ZERO;
         int values; // values present (not NaN)
