@@ -256,18 +256,18 @@ public final class BatchVelocity {
          * The entries in the window moved to the columns' start (grown when they fill more
          * than half), and the window's aggregate rebuilt over them: it holds indexes into
          * the columns. Each entry is moved at most once per half a column of new entries.
+         * Called with the columns full (hi == length), so each copy takes exactly the
+         * window's entries and pads the rest.
          */
         private void makeRoom() {
             int live = hi - lo;
             int capacity = live * 2 > ts.length ? ts.length * 2 : ts.length;
-            ts = moved(ts, capacity, live);
+            ts = Arrays.copyOfRange(ts, lo, lo + capacity);
             if (num != null) {
-                num = moved(num, capacity, live);
+                num = Arrays.copyOfRange(num, lo, lo + capacity);
             }
             if (jv != null) {
-                String[] j = new String[capacity];
-                System.arraycopy(jv, lo, j, 0, live);
-                jv = j;
+                jv = Arrays.copyOfRange(jv, lo, lo + capacity);
             }
             lo = 0;
             hi = live;
@@ -279,18 +279,6 @@ public final class BatchVelocity {
             for (int i = lo; i < hi; i++) {
                 window.enter(i);
             }
-        }
-
-        private long[] moved(long[] a, int capacity, int live) {
-            long[] b = capacity == a.length ? a : new long[capacity];
-            System.arraycopy(a, lo, b, 0, live);
-            return b;
-        }
-
-        private double[] moved(double[] a, int capacity, int live) {
-            double[] b = capacity == a.length ? a : new double[capacity];
-            System.arraycopy(a, lo, b, 0, live);
-            return b;
         }
     }
 }
