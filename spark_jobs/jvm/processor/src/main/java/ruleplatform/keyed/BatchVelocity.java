@@ -178,9 +178,7 @@ public final class BatchVelocity {
         int lo;
         int hi;
         Velocity.Window window;
-        Boolean prev;
-        boolean seen;
-        long newest;
+        Velocity.Crossing crossing;
         double agg;
 
         Slide(JsonNode rule) {
@@ -202,15 +200,13 @@ public final class BatchVelocity {
             lo = 0;
             hi = 0;
             window = new Velocity.Window(kind, num, jv);
-            prev = null;
-            seen = false;
+            crossing = new Velocity.Crossing(null, false, 0L);
         }
 
         /**
          * The event at time t (after every earlier one of the key) enters; true when the
-         * rule fires there, with the window's aggregation in `agg`. A `last_event` rule
-         * fires when its aggregation crosses the threshold: the previous evaluation was
-         * below it, or is void because the window had emptied since (Velocity.step).
+         * rule fires there ({@link Velocity.Crossing}), with the window's aggregation in
+         * `agg`.
          * Throws PyError where the live job's evaluation raises (an exact sum beyond the
          * double range), the event then not taken.
          */
@@ -241,15 +237,7 @@ public final class BatchVelocity {
                 rebuild();
                 throw e;
             }
-            if (!seen || newest <= t - size) {
-                prev = null;
-            }
-            newest = seen ? Math.max(newest, t) : t;
-            seen = true;
-            boolean above = agg >= threshold;
-            boolean fires = above && (allEvents || prev == null || !prev);
-            prev = above;
-            return fires;
+            return crossing.fires(t, size, agg >= threshold, allEvents);
         }
 
         /**

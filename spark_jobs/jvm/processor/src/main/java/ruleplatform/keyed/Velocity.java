@@ -66,18 +66,9 @@ final class Velocity {
         long size = rule.windowMs;
         int lo = 0;
         int hi = 0; // next index to enter
-        Boolean prev = st.prevAbove;
-        // The key's newest event so far (keyed_logic.velocity_step): out of an event's
-        // window, the window had emptied and the previous evaluation no longer counts.
-        boolean seen = m > 0;
-        long newest = seen ? old[m - 1] : 0L;
+        Crossing crossing = new Crossing(st.prevAbove, m > 0, m > 0 ? old[m - 1] : 0L);
         for (int i = 0; i < n; i++) {
             long t = ts[pos[i]];
-            if (!seen || newest <= t - size) {
-                prev = null;
-            }
-            newest = seen ? Math.max(newest, t) : t;
-            seen = true;
             while (hi <= pos[i]) {
                 w.enter(hi++);
             }
@@ -85,15 +76,13 @@ final class Velocity {
                 w.leave(lo++);
             }
             double agg = w.value(hi - lo);
-            boolean above = agg >= rule.threshold;
-            if (above && (rule.allEvents || prev == null || !prev)) {
+            if (crossing.fires(t, size, agg >= rule.threshold, rule.allEvents)) {
                 Emit e = new Emit(rows.get(i));
                 e.aggValue = agg;
                 emits.add(e);
             }
-            prev = above;
         }
-        st.prevAbove = prev;
+        st.prevAbove = crossing.prev;
         st.ts = ts;
         st.num = num;
         st.jv = jv;
@@ -126,6 +115,36 @@ final class Velocity {
         }
         if (st.jv != null) {
             st.jv = java.util.Arrays.copyOfRange(st.jv, i, st.jv.length);
+        }
+    }
+
+    /**
+     * keyed_logic.velocity_step's emit decision for one key's rule, an event at a time
+     * in (ts, seq) order; also the backtest's ({@link BatchVelocity}). An `all_events`
+     * rule fires whenever its aggregation is at or above the threshold; a `last_event`
+     * rule when it crosses it: the previous evaluation was below, or is void because the
+     * key's newest event is out of this one's window (the window had emptied since).
+     */
+    static final class Crossing {
+        Boolean prev;
+        private boolean seen;
+        private long newest;
+
+        Crossing(Boolean prev, boolean seen, long newest) {
+            this.prev = prev;
+            this.seen = seen;
+            this.newest = newest;
+        }
+
+        boolean fires(long t, long windowMs, boolean above, boolean allEvents) {
+            if (!seen || newest <= t - windowMs) {
+                prev = null;
+            }
+            newest = seen ? Math.max(newest, t) : t;
+            seen = true;
+            boolean fires = above && (allEvents || prev == null || !prev);
+            prev = above;
+            return fires;
         }
     }
 
