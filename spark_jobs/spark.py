@@ -13,6 +13,7 @@ parse) in every session the platform builds.
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 from pyspark.sql import SparkSession
@@ -24,6 +25,30 @@ DEFAULT_MASTER = "local[2]"
 # in one projection compile to one method of 14.5 kB. Interpreted, that part ran 4-5x
 # slower (JFR: most samples in `generate_doConsume_0`). This lets the JIT compile them.
 JVM_OPTIONS = "-XX:-DontCompileHugeMethods"
+
+# Batch work (backtests, the Spark Connect server and the spark-submit that run them,
+# the archive's maintenance and quality checks) runs on HotSpot's throughput collector.
+# A backtest is CPU-bound on two cores, and G1 (the JVM's default) spends some of them
+# on its write barriers and concurrent threads: warm backtests on the parallel collector
+# took 4.0-4.3 s against G1's 4.4-4.7 s at 200k events, 11.0-12.8 s against 13.6-14.3 s
+# at 1M (README, machine T). The streaming jobs (detection, archive) keep G1, whose
+# pauses stay short as their state and heap grow; a full collection of the throughput
+# collector would stop a micro-batch for as long as the old generation takes to mark.
+BATCH_GC = "-XX:+UseParallelGC"
+_CHOSEN_GC = re.compile(r"-XX:\+Use\w*GC\b")
+
+
+def jvm_options(conf: dict[str, str], streaming: bool = False) -> dict[str, str]:
+    """`conf` with the platform's JVM options for the driver and executors in front of
+    any it already gives (a later `-XX` flag wins); a collector chosen there is kept, as
+    HotSpot refuses to start with two."""
+    out = dict(conf)
+    for side in ("driver", "executor"):
+        key = f"spark.{side}.extraJavaOptions"
+        given = out.get(key, "")
+        ours = JVM_OPTIONS if streaming or _CHOSEN_GC.search(given) else f"{JVM_OPTIONS} {BATCH_GC}"
+        out[key] = f"{ours} {given}".strip()
+    return out
 
 # Delta Lake's hooks into Spark SQL (its jar is in the `spark` jar module).
 #
@@ -85,10 +110,9 @@ def connect_server_argv(port: int = DEFAULT_CONNECT_PORT, master: str = DEFAULT_
         "spark.sql.adaptive.enabled": "true",
         "spark.python.sql.dataFrameDebugging.enabled": "false",
         "spark.driver.memory": os.environ.get("SPARK_DRIVER_MEMORY", "4g"),
-        "spark.driver.extraJavaOptions": JVM_OPTIONS,
-        "spark.executor.extraJavaOptions": JVM_OPTIONS,
         **(extra or {}),
     }
+    conf = jvm_options(conf)
     argv = [str(Path(pyspark.__file__).parent / "bin" / "spark-submit"), "--master", master,
             "--class", "org.apache.spark.sql.connect.service.SparkConnectServer"]
     for k, v in conf.items():
@@ -103,17 +127,19 @@ REDACTION_REGEX = "(?i)url|jaas|sasl[.].*(password|config)|ssl[.].*password"
 
 def submit_jars_and_conf() -> tuple[str, dict[str, str]]:
     """What a spark-submit of a platform job needs on its command line: `--jars` (Kafka
-    connector, Delta Lake), Delta's SQL extension and catalog and STATIC_CONF as `--conf`."""
+    connector, Delta Lake), Delta's SQL extension and catalog and STATIC_CONF as `--conf`
+    (the JVM options are added last, over the caller's own: `jvm_options`)."""
     from spark_jobs.jvm import spark_jars
 
     return spark_jars(), {**DELTA_CONF, **STATIC_CONF}
 
 
 def session(app_name: str, master: str | None = None, shuffle_partitions: int = 2, extra: dict | None = None,
-            kafka: bool = True) -> SparkSession:
+            kafka: bool = True, streaming: bool = False) -> SparkSession:
     """The session the jobs use; `kafka` adds the platform's jars to it (Spark's Kafka
     connector and Delta Lake, with Delta's SQL extension and catalog), resolving them
-    with Maven the first time."""
+    with Maven the first time. `streaming`: a long-running streaming job (its JVM keeps
+    G1, see BATCH_GC)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name)
@@ -153,9 +179,7 @@ def session(app_name: str, master: str | None = None, shuffle_partitions: int = 
         conf["spark.jars"] = jars
         conf.update(delta_conf)
     conf.update(extra or {})
-    for side in ("driver", "executor"):
-        key = f"spark.{side}.extraJavaOptions"
-        conf[key] = f"{JVM_OPTIONS} {conf.get(key, '')}".strip()
+    conf = jvm_options(conf, streaming)
     for k, v in conf.items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()

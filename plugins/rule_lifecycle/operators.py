@@ -114,12 +114,14 @@ class RuleBacktestOperator(SparkSubmitOperator):
         s = LifecycleSettings.from_dict(self.settings)
         shutil.rmtree(spec["out_dir"], ignore_errors=True)
         self.application_args = backtest_args(spec, self.inputs, s.time_field, s.sink_topic)
-        from spark_jobs.spark import submit_jars_and_conf
+        from spark_jobs.spark import jvm_options, submit_jars_and_conf
 
         jars, delta_conf = submit_jars_and_conf()
         # On the driver's class path from the start (a session cannot add them later).
         self.jars = ",".join(x for x in (self.jars, jars) if x)
-        self.conf = {**delta_conf, **s.spark_conf, **(self.conf or {})}
+        # The driver's JVM options too: the driver is this spark-submit's JVM, started
+        # before the backtest's session is built.
+        self.conf = jvm_options({**delta_conf, **s.spark_conf, **(self.conf or {})})
         self._conn_id = s.spark_conn_id
         bindir = str(Path(sys.executable).parent)
         self.env_vars = {

@@ -111,7 +111,7 @@ def run(cfg: ArchiveConfig, stop: threading.Event | None = None) -> int:
     cfg.checkpoint.mkdir(parents=True, exist_ok=True)
     status = _Status(cfg)
     status.update()
-    spark = session("event-archive", master=cfg.master, extra=cfg.extra_conf)
+    spark = session("event-archive", master=cfg.master, extra=cfg.extra_conf, streaming=True)
     query = start_query(spark, cfg)
     status.update(state="running", query_id=str(query.id), run_id=str(query.runId))
     log.info("archive job started: query %s, %s -> %s", query.id, ",".join(cfg.topics), cfg.table)

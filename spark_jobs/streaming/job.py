@@ -703,7 +703,7 @@ def run(cfg: DetectConfig, stop: threading.Event | None = None) -> int:
                             on_problem=lambda p: report_rule_problem(cfg, dlq, p))
     registry.start()
     delay = job_watermark_delay_s(list(registry.current().rules.values()))
-    spark = session("detection-job", master=cfg.master, extra={
+    spark = session("detection-job", master=cfg.master, streaming=True, extra={
         "spark.sql.streaming.stateStore.providerClass": STATE_STORE,
         "spark.sql.streaming.noDataMicroBatches.enabled": "true",
         # The compiled rule set makes wide projections (a column per path form, per rule

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from spark_jobs.backtest.inputs import InputSpec
@@ -56,6 +57,10 @@ def test_backtest_on_a_spark_connect_server_equals_a_local_one(spark, tmp_path):
                               stdout=(tmp_path / "connect.log").open("wb"), stderr=subprocess.STDOUT)
     try:
         _wait_port(port, server)
+        # The server is a batch JVM: the platform's options are on its command line.
+        jvm = [c.cmdline() for c in psutil.Process(server.pid).children(recursive=True)
+               if c.name() == "java" and any(a.endswith(".SparkConnectServer") for a in c.cmdline())]
+        assert len(jvm) == 1 and {"-XX:-DontCompileHugeMethods", "-XX:+UseParallelGC"} <= set(jvm[0])
         remote = ["--remote", f"sc://127.0.0.1:{port}"]
         cmd = [sys.executable, "-m", "spark_jobs.cli", "backtest", "--rules", str(ROOT / "rules"), *remote]
         timings = []

@@ -1,0 +1,44 @@
+"""The JVM options every platform JVM starts with (spark_jobs.spark.jvm_options): batch
+JVMs on the throughput collector, streaming jobs on G1, the caller's own options kept."""
+
+from __future__ import annotations
+
+import pytest
+
+from spark_jobs.spark import connect_server_argv, jvm_options
+
+SIDES = ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions")
+
+
+def test_a_batch_jvm_gets_the_huge_method_option_and_the_parallel_collector():
+    conf = jvm_options({"spark.app.name": "x"})
+    assert conf["spark.app.name"] == "x"
+    for key in SIDES:
+        assert conf[key].split() == ["-XX:-DontCompileHugeMethods", "-XX:+UseParallelGC"]
+
+
+def test_a_streaming_jvm_keeps_the_default_collector():
+    conf = jvm_options({}, streaming=True)
+    for key in SIDES:
+        assert conf[key] == "-XX:-DontCompileHugeMethods"
+
+
+def test_the_callers_options_follow_ours_so_theirs_win():
+    conf = jvm_options({"spark.driver.extraJavaOptions": "-Dx=1 -XX:+DontCompileHugeMethods"})
+    assert conf["spark.driver.extraJavaOptions"].split() == [
+        "-XX:-DontCompileHugeMethods", "-XX:+UseParallelGC", "-Dx=1", "-XX:+DontCompileHugeMethods"]
+
+
+@pytest.mark.parametrize("chosen", ["-XX:+UseG1GC", "-XX:+UseZGC", "-XX:+UseSerialGC", "-XX:+UseShenandoahGC"])
+def test_a_collector_the_caller_chose_is_the_only_one(chosen):
+    """HotSpot will not start with two collectors selected."""
+    conf = jvm_options({"spark.executor.extraJavaOptions": f"-Xss4m {chosen}"})
+    assert conf["spark.executor.extraJavaOptions"].split() == ["-XX:-DontCompileHugeMethods", "-Xss4m", chosen]
+    assert "-XX:+UseParallelGC" in conf["spark.driver.extraJavaOptions"]
+
+
+def test_the_connect_server_that_runs_backtests_is_a_batch_jvm():
+    argv = connect_server_argv(extra={"spark.driver.extraJavaOptions": "-Dy=2"})
+    confs = dict(argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == "--conf")
+    assert confs["spark.driver.extraJavaOptions"].split() == [
+        "-XX:-DontCompileHugeMethods", "-XX:+UseParallelGC", "-Dy=2"]
