@@ -107,6 +107,9 @@ def parse_time(text: str, now: datetime | None = None) -> datetime:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
+_HOUR_MS = 3_600_000
+
+
 def read_window(
     spark: SparkSession,
     table: str,
@@ -125,9 +128,25 @@ def read_window(
     # Epoch ms, not a Python datetime literal (PySpark reads a naive one in the local
     # zone of the Python process).
     lo, hi = int(start_utc.timestamp() * 1000), int(end_utc.timestamp() * 1000)
-    return df.filter(
-        (F.col("timestamp") >= F.timestamp_millis(F.lit(lo))) & (F.col("timestamp") < F.timestamp_millis(F.lit(hi)))
+    # Delta skips the files whose timestamps are all outside these bounds. They are
+    # rounded out to whole hours because Spark writes a timestamp literal into the
+    # generated code of the stage that reads, filters and parses the records: with the
+    # exact bounds, a window that moves (`--from -1h`, the DAGs' last N hours) made that
+    # code new at every backtest, compiled again by Janino and then by the JIT, on a
+    # warm server too: a warm 200k-event backtest over a moving window took a median
+    # 4.54 s with the exact bounds as literals, 3.84 s as here (README, machine T).
+    lo_h, hi_h = lo - lo % _HOUR_MS, hi + (-hi) % _HOUR_MS
+    df = df.filter(
+        (F.col("timestamp") >= F.timestamp_millis(F.lit(lo_h))) & (F.col("timestamp") < F.timestamp_millis(F.lit(hi_h)))
     )
+    # The exact bounds come as data (a one-row relation, broadcast), which the generated
+    # code reads instead of embedding: the same code for every window within those hours.
+    # (An inline table is a local relation: no job builds it, unlike createDataFrame's
+    # Python rows.)
+    bounds = spark.sql(f"SELECT * FROM VALUES (timestamp_millis({lo}L), timestamp_millis({hi}L)) "
+                       "AS bounds(_window_lo, _window_hi)")
+    inside = (F.col("timestamp") >= F.col("_window_lo")) & (F.col("timestamp") < F.col("_window_hi"))
+    return df.join(F.broadcast(bounds), inside).drop("_window_lo", "_window_hi")
 
 
 def engine_input(window: DataFrame) -> DataFrame:

@@ -104,11 +104,16 @@ def main() -> None:  # noqa: PLR0915 - one plan, written out in full on purpose
         )
 
     def from_table() -> DataFrame:
-        """The archive's window, each field the rules read taken from the VARIANT, typed."""
-        from spark_jobs.archive.table import read_window
-
+        """The archive's window, each field the rules read taken from the VARIANT, typed.
+        Delta's read with the window's bounds as literal filters (pruned by partition and
+        file statistics), not the platform's `read_window`."""
         history = archive_table(spark, work, ev, ctx)
-        window = read_window(spark, history.table, history.start, history.end, ["events.raw", "context.raw"])
+        lo, hi = (int(t.timestamp() * 1000) for t in (history.start, history.end))
+        window = (spark.read.format("delta").load(history.table)
+                  .filter(F.col("topic").isin("events.raw", "context.raw"))
+                  .filter(F.col("date").between(F.lit(history.start.date()), F.lit(history.end.date())))
+                  .filter((F.col("timestamp") >= F.timestamp_millis(F.lit(lo)))
+                          & (F.col("timestamp") < F.timestamp_millis(F.lit(hi)))))
         typed = [F.expr(f"variant_get(v, '$.{name}', '{kind}')").alias(name)
                  for name, kind in (f.split(" ") for f in SCHEMA.split(", "))]
         return window.select("topic", F.col("value").cast("string").alias("raw"), *typed)

@@ -74,3 +74,40 @@ def test_listing_a_windows_files_is_a_small_job(spark, tmp_path):
     tasks = [info.numTasks for info in map(tracker.getStageInfo, stages) if info is not None]
     assert tasks, "no job ran for the read"
     assert max(tasks) <= 2, tasks
+
+
+def test_a_window_is_exact_to_the_millisecond(spark, tmp_path):
+    table = tmp_path / "archive"
+    _write_table(spark, table)
+    ms = timedelta(milliseconds=1)
+    window = read_window(spark, str(table), DAY + timedelta(hours=6) + ms, DAY + timedelta(hours=18), ["a.raw"])
+    got = [json.loads(r.value)["n"] for r in window.select(F.col("value").cast("string").alias("value")).collect()]
+    assert got == [6]  # 12:00 only: 06:00 is a millisecond early, 18:00 is the end (exclusive)
+    window = read_window(spark, str(table), DAY + timedelta(hours=6), DAY + timedelta(hours=18) + ms, ["a.raw"])
+    got = sorted(json.loads(r.value)["n"] for r in window.select(F.col("value").cast("string").alias("value")).collect())
+    assert got == [5, 6, 7]
+
+
+def _generated_code(spark, df) -> list[str]:
+    """The Java source Spark generates for the executed plan's whole-stage stages."""
+    df.collect()  # adaptive execution: the final plan exists once it has run
+    plan = df._jdf.queryExecution().executedPlan()
+    stages = spark.sparkContext._jvm.org.apache.spark.sql.execution.debug.package.codegenStringSeq(plan)
+    return [stages.apply(i)._2() for i in range(stages.size())]
+
+
+def test_windows_that_move_within_the_hour_share_their_generated_code(spark, tmp_path):
+    """A backtest over the last hour (`--from -1h`) reads a window that moves from run to
+    run. Spark writes a timestamp literal into the generated code of the stage that reads
+    and parses the records, so with the exact bounds as literals that code was new at
+    every run: compiled again, then run slower until the JIT had compiled it again."""
+    table = tmp_path / "archive"
+    _write_table(spark, table)
+
+    def code(start: datetime, end: datetime) -> list[str]:
+        window = read_window(spark, str(table), start, end, ["a.raw"])
+        return _generated_code(spark, window.select(F.length("value").alias("n"), "offset"))
+
+    first = code(DAY + timedelta(hours=3, minutes=10), DAY + timedelta(hours=19, minutes=10))
+    moved = code(DAY + timedelta(hours=3, minutes=11, seconds=7), DAY + timedelta(hours=19, minutes=11, seconds=7))
+    assert first and moved == first
