@@ -30,8 +30,8 @@ JVM_OPTIONS = "-XX:-DontCompileHugeMethods"
 # the archive's maintenance and quality checks) runs on HotSpot's throughput collector.
 # A backtest is CPU-bound on two cores, and G1 (the JVM's default) spends some of them
 # on its write barriers and concurrent threads: warm backtests on the parallel collector
-# took 4.0-4.3 s against G1's 4.4-4.7 s at 200k events, 11.0-12.8 s against 13.6-14.3 s
-# at 1M (README, machine T). The streaming jobs (detection, archive) keep G1, whose
+# took 4.0-4.3 s against G1's 4.4-4.7 s at 200k events, 11.0-12.8 s against 12.2-14.3 s
+# at 1M (README, machine U). The streaming jobs (detection, archive) keep G1, whose
 # pauses stay short as their state and heap grow; a full collection of the throughput
 # collector would stop a micro-batch for as long as the old generation takes to mark.
 BATCH_GC = "-XX:+UseParallelGC"
@@ -49,6 +49,7 @@ def jvm_options(conf: dict[str, str], streaming: bool = False) -> dict[str, str]
         ours = JVM_OPTIONS if streaming or _CHOSEN_GC.search(given) else f"{JVM_OPTIONS} {BATCH_GC}"
         out[key] = f"{ours} {given}".strip()
     return out
+
 
 # Delta Lake's hooks into Spark SQL (its jar is in the `spark` jar module).
 #

@@ -134,7 +134,7 @@ def read_window(
     # exact bounds, a window that moves (`--from -1h`, the DAGs' last N hours) made that
     # code new at every backtest, compiled again by Janino and then by the JIT, on a
     # warm server too: a warm 200k-event backtest over a moving window took a median
-    # 4.54 s with the exact bounds as literals, 3.84 s as here (README, machine T).
+    # 4.54 s with the exact bounds as literals, 3.84 s as here (README, machine U).
     lo_h, hi_h = lo - lo % _HOUR_MS, hi + (-hi) % _HOUR_MS
     df = df.filter(
         (F.col("timestamp") >= F.timestamp_millis(F.lit(lo_h))) & (F.col("timestamp") < F.timestamp_millis(F.lit(hi_h)))
