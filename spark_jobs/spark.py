@@ -128,8 +128,9 @@ REDACTION_REGEX = "(?i)url|jaas|sasl[.].*(password|config)|ssl[.].*password"
 
 def submit_jars_and_conf() -> tuple[str, dict[str, str]]:
     """What a spark-submit of a platform job needs on its command line: `--jars` (Kafka
-    connector, Delta Lake), Delta's SQL extension and catalog and STATIC_CONF as `--conf`
-    (the JVM options are added last, over the caller's own: `jvm_options`)."""
+    connector, Delta Lake), Delta's SQL extension and catalog and STATIC_CONF as `--conf`.
+    Not the JVM options: the caller merges its conf first, then applies `jvm_options`,
+    which puts the platform's options in front of any the conf gives."""
     from spark_jobs.jvm import spark_jars
 
     return spark_jars(), {**DELTA_CONF, **STATIC_CONF}
