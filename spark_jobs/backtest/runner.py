@@ -18,9 +18,10 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from spark_jobs.backtest.inputs import InputSpec, read_input
+from spark_jobs.backtest.kept import kept
 from spark_jobs.engine.events import classify, split, with_reasons
 from spark_jobs.engine.pipeline import EngineResult, active_rules, evaluate
-from spark_jobs.engine.values import extract_fields
+from spark_jobs.engine.values import Fields, extract_fields
 from spark_jobs.rules.loader import RuleError, load_rules
 from spark_jobs.rules.model import AnyRule, CorrelationRule
 
@@ -230,6 +231,33 @@ def _in_background(spark: SparkSession, work: Callable[[], object]) -> Callable[
     return join
 
 
+def _evaluate_and_write(spark: SparkSession, parsed: DataFrame, fields: Fields, rules: list[AnyRule],
+                        out_dir: Path) -> tuple[dict[tuple[str, str], dict], EngineResult]:
+    """The rules over the kept events (spark_jobs.backtest.kept), both files written;
+    the counts (see _write_and_count) and the engine's result."""
+    # The events are read, parsed and kept on the executors while this thread plans the
+    # rules: planning a 62-rule set takes ~0.5 s of driver time on a warm session (Py4J
+    # round trips and Spark's analysis of each step), and until the write the cores sat
+    # idle for it.
+    scanned = _in_background(spark, parsed.count)
+    try:
+        events, malformed = split(parsed)
+        result = evaluate(events, rules, fields)
+    except BaseException:
+        with suppress(BaseException):  # the planning error is the one to report
+            scanned()
+        raise
+    scanned()
+    # Routed velocity emits feed correlation rules and the summary: compute them once.
+    result.routed = {rid: df.persist(StorageLevel.MEMORY_AND_DISK) for rid, df in result.routed.items()}
+    dead = reduce(lambda a, b: a.unionByName(b), [malformed, *result.dead_letters])
+    try:
+        return _write_and_count(parsed, _output_lines(result.evaluated, dead), result, out_dir), result
+    finally:
+        for df in result.routed.values():
+            df.unpersist()
+
+
 def run_backtest(spark: SparkSession, cfg: BacktestConfig) -> dict:
     with _session_conf(spark, _BACKTEST_CONF):
         return _run(spark, cfg)
@@ -259,26 +287,8 @@ def _run(spark: SparkSession, cfg: BacktestConfig) -> dict:
     # A file has no broker timestamp: processing-time rules use the --time-field.
     parsed, fields = extract_fields(classified, rules, [cfg.time_field])
     parsed = parsed.withColumn("proc_ms", F.coalesce("proc_ms", fields.time(cfg.time_field))).drop("v")
-    # The events are read, parsed and cached on the executors while this thread plans
-    # the rules: planning a 62-rule set takes ~2.5 s of driver time (Py4J round trips
-    # and Spark's analysis of each step), and until the write the cores sat idle for it.
-    # Planning only analyzes; the cache is first looked up when the write is optimized,
-    # after the join.
-    scanned = _in_background(spark, lambda: parsed.persist(StorageLevel.MEMORY_AND_DISK).count())
-    try:
-        events, malformed = split(parsed)
-        result = evaluate(events, rules, fields)
-    except BaseException:
-        with suppress(BaseException):  # the planning error is the one to report
-            scanned()
-        raise
-    scanned()
-    # Routed velocity emits feed correlation rules and the summary: compute them once.
-    result.routed = {rid: df.persist(StorageLevel.MEMORY_AND_DISK) for rid, df in result.routed.items()}
-    dead = reduce(lambda a, b: a.unionByName(b), [malformed, *result.dead_letters])
-    counts = _write_and_count(parsed, _output_lines(result.evaluated, dead), result, cfg.out_dir)
-    for df in (parsed, *result.routed.values()):
-        df.unpersist()
+    with kept(parsed) as parsed:
+        counts, result = _evaluate_and_write(spark, parsed, fields, rules, cfg.out_dir)
 
     def n(what: str, name: str = "") -> int:
         row = counts.get((what, name))
