@@ -1,8 +1,8 @@
 """The parsed events of a backtest, kept on the executors for the run.
 
 Every rule group, the dead letters and the summary read the parsed events, so they are
-computed once and kept. In a classic session they are kept as a local checkpoint, not
-as a cached DataFrame, for two reasons measured on a warm session (README, machine V):
+computed once and kept. On a local master they are kept as a local checkpoint, not as
+a cached DataFrame, for two reasons measured on a warm session (README, machine V):
 
 - a checkpoint is a leaf of every plan built over it. Over a cached DataFrame, each
   DataFrame step of the rules' planning is analyzed over the whole plan that made the
@@ -16,11 +16,16 @@ as a cached DataFrame, for two reasons measured on a warm session (README, machi
 A warm 200k-event backtest went from a median 4.09 s to 3.28 s, 1M events from 13.3 s
 to 10.9 s (A/B in one JVM, alternating).
 
+A local checkpoint is not recomputed: were an executor lost, its blocks would be gone
+and the run would fail ("Checkpoint block ... not found"), where a cache recomputes
+the lost partitions. So it is used only on a local master, whose executor is the
+driver's own JVM (a run that loses it is lost anyway). On a cluster (`spark://...`,
+`local-cluster[...]`) and on Spark Connect the events are cached (`persist`) and
+unpersisted at the end, as before.
+
 Spark has no API to drop a local checkpoint; its blocks would stay until the driver's
-garbage collector collects the RDD, which on a warm server may be much later. So the
-release unpersists the checkpoint's RDD through the JVM handle. A Spark Connect client
-has no such handle, and the server frees a released checkpoint's blocks only at its
-next collection: there the events are cached (`persist`) and unpersisted, as before.
+garbage collector collects the RDD, which on a warm session may be much later. So the
+release unpersists the checkpoint's RDD through the JVM handle.
 """
 
 from __future__ import annotations
@@ -34,12 +39,20 @@ from pyspark.sql import DataFrame
 LEVEL = StorageLevel.MEMORY_AND_DISK  # past memory, spilled to disk: nothing is recomputed
 
 
+def checkpoint_is_safe(df: DataFrame) -> bool:
+    """Whether `df` may be kept as a local checkpoint: a classic session on a local
+    master (one JVM). Spark Connect sessions have no `_jdf`."""
+    if getattr(df, "_jdf", None) is None:
+        return False
+    master = df.sparkSession.sparkContext.master
+    return master == "local" or master.startswith("local[")
+
+
 @contextmanager
 def kept(df: DataFrame) -> Iterator[DataFrame]:
     """`df`, kept (computed by its first action, shared by every later one) until the
     block exits; its blocks are then released."""
-    jdf = getattr(df, "_jdf", None)
-    if jdf is None:  # Spark Connect
+    if not checkpoint_is_safe(df):
         cached = df.persist(LEVEL)
         try:
             yield cached
