@@ -9,7 +9,7 @@ a cached DataFrame, for two reasons measured on a warm session (README, machine 
   events (the archive's scan, the window, the extraction of ~60 fields), once per
   branch that reads them; Spark's analyzer re-walks it at every step
   (`DeduplicateRelations` alone was a fifth of the driver's planning time). Over the
-  leaf, planning a 62-rule set took 0.40-0.47 s instead of 0.55-0.76 s;
+  leaf, planning a 62-rule set took 0.39-0.47 s instead of 0.55-0.76 s;
 - its blocks are the rows as the scan made them: no columnar batches to build. The scan
   and keep of 200k events took 1.0-1.2 s instead of 1.35-1.5 s.
 
