@@ -90,7 +90,7 @@ def _dead_line() -> Column:
 def _output_lines(evaluated: DataFrame | None, dead: DataFrame) -> DataFrame:
     """Every line the backtest writes, of both files, as one DataFrame: one Spark job
     writes them (a plan per file was a second planning of the rules and a second pass
-    over the cached events, ~1 s of a 200k-event run), and the summary counts them.
+    over the kept events, ~1 s of a 200k-event run), and the summary counts them.
 
     `evaluated` (EngineResult.evaluated) gives detection lines, and dead-letter lines
     where its `reason` is set, in one projection."""
@@ -186,10 +186,12 @@ def _iso(ms: int | None) -> str | None:
     return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-# The parsed events are cached, scanned a handful of times and dropped. Building the
-# compressed form tries each column's encodings on every value (the event text among
-# them), which cost more than it saved: ~4 s of a 100 s run over 1M events. Uncompressed,
-# 1M bench events take ~300 MB; past memory they spill to disk (MEMORY_AND_DISK).
+# The run's caches (the output lines, the routed events, and the parsed events on a
+# cluster or Spark Connect: spark_jobs/backtest/kept.py) are scanned a handful of times
+# and dropped. Building the compressed form tries each column's encodings on every
+# value (the event text among them), which cost more than it saved: ~4 s of a 100 s run
+# over 1M events. Uncompressed, 1M bench events take ~300 MB; past memory they spill to
+# disk (MEMORY_AND_DISK).
 _BACKTEST_CONF = {"spark.sql.inMemoryColumnarStorage.compressed": "false"}
 
 
