@@ -102,6 +102,7 @@ def start_query(spark: object, cfg: ArchiveConfig) -> object:
 def run(cfg: ArchiveConfig, stop: threading.Event | None = None) -> int:
     """Run until SIGTERM/SIGINT (or `stop`); 0 on a requested stop, 1 when the query
     failed (the supervisor restarts the job; the checkpoint makes that safe)."""
+    from spark_jobs.archive.table import write_conf
     from spark_jobs.spark import session
 
     stop = stop or threading.Event()
@@ -111,7 +112,8 @@ def run(cfg: ArchiveConfig, stop: threading.Event | None = None) -> int:
     cfg.checkpoint.mkdir(parents=True, exist_ok=True)
     status = _Status(cfg)
     status.update()
-    spark = session("event-archive", master=cfg.master, extra=cfg.extra_conf, streaming=True)
+    # The archive's row groups (table.write_conf) unless the settings' own conf says otherwise.
+    spark = session("event-archive", master=cfg.master, extra={**write_conf(), **cfg.extra_conf}, streaming=True)
     query = start_query(spark, cfg)
     status.update(state="running", query_id=str(query.id), run_id=str(query.runId))
     log.info("archive job started: query %s, %s -> %s", query.id, ",".join(cfg.topics), cfg.table)

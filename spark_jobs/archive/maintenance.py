@@ -17,14 +17,18 @@ from datetime import UTC, datetime, timedelta
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from spark_jobs.archive.table import ROW_GROUP_BYTES, write_conf
+from spark_jobs.spark import session_conf
+
 # Delta refuses VACUUM below 7 days unless its safety check is off; the archive has one
 # writer (append-only) and backtests take minutes, so a shorter window is safe here.
 _RETENTION_CHECK = "spark.databricks.delta.retentionDurationCheck.enabled"
 
 
 def maintain(spark: SparkSession, table: str, retention_days: float, vacuum_hours: float,
-             now: datetime | None = None) -> dict:
-    """Delete partitions older than `retention_days`, OPTIMIZE, VACUUM; a summary."""
+             now: datetime | None = None, row_group_bytes: int = ROW_GROUP_BYTES) -> dict:
+    """Delete partitions older than `retention_days`, OPTIMIZE (into row groups of
+    `row_group_bytes`, see archive.table.ROW_GROUP_BYTES), VACUUM; a summary."""
     from delta.tables import DeltaTable
 
     started = time.time()
@@ -36,17 +40,11 @@ def maintain(spark: SparkSession, table: str, retention_days: float, vacuum_hour
     before = dt.toDF().filter(F.col("date") < F.lit(cutoff)).count()
     if before:
         dt.delete(F.col("date") < F.lit(cutoff))
-    compaction = dt.optimize().executeCompaction().collect()
+    with session_conf(spark, write_conf(row_group_bytes)):
+        compaction = dt.optimize().executeCompaction().collect()
     metrics = compaction[0]["metrics"] if compaction else None
-    previous = spark.conf.get(_RETENTION_CHECK, None)
-    spark.conf.set(_RETENTION_CHECK, "false")
-    try:
+    with session_conf(spark, {_RETENTION_CHECK: "false"}):
         dt.vacuum(float(vacuum_hours))
-    finally:
-        if previous is None:
-            spark.conf.unset(_RETENTION_CHECK)
-        else:
-            spark.conf.set(_RETENTION_CHECK, previous)
     return {
         "table": table,
         "retention_cutoff": cutoff.isoformat(),

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import reduce
@@ -24,6 +24,7 @@ from spark_jobs.engine.pipeline import EngineResult, active_rules, evaluate
 from spark_jobs.engine.values import Fields, extract_fields
 from spark_jobs.rules.loader import RuleError, load_rules
 from spark_jobs.rules.model import AnyRule, CorrelationRule
+from spark_jobs.spark import session_conf
 
 
 class BacktestError(RuntimeError):
@@ -195,22 +196,6 @@ def _iso(ms: int | None) -> str | None:
 _BACKTEST_CONF = {"spark.sql.inMemoryColumnarStorage.compressed": "false"}
 
 
-@contextmanager
-def _session_conf(spark: SparkSession, conf: dict[str, str]) -> Iterator[None]:
-    """`conf` for the duration: the session may be the caller's (a notebook, a test)."""
-    before = {k: spark.conf.get(k, None) for k in conf}
-    for k, v in conf.items():
-        spark.conf.set(k, v)
-    try:
-        yield
-    finally:
-        for k, v in before.items():
-            if v is None:
-                spark.conf.unset(k)
-            else:
-                spark.conf.set(k, v)
-
-
 def _in_background(spark: SparkSession, work: Callable[[], object]) -> Callable[[], None]:
     """Start `work` on a PySpark thread (the JVM thread it pins inherits this one's
     local properties); returns the join, which raises what `work` raised."""
@@ -261,7 +246,7 @@ def _evaluate_and_write(spark: SparkSession, parsed: DataFrame, fields: Fields, 
 
 
 def run_backtest(spark: SparkSession, cfg: BacktestConfig) -> dict:
-    with _session_conf(spark, _BACKTEST_CONF):
+    with session_conf(spark, _BACKTEST_CONF):
         return _run(spark, cfg)
 
 

@@ -4,9 +4,11 @@ real Delta table, and the thin DAG that schedules it."""
 from __future__ import annotations
 
 import json
+import os
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 from archive_harness import write_records
 from dag_import import import_dag
@@ -45,6 +47,27 @@ def test_maintenance_deletes_old_partitions_compacts_and_vacuums(spark, tmp_path
     assert on_disk == {f.removeprefix("file:") for f in after.inputFiles()}
 
     assert maintain(spark, str(tmp_path / "none"), 30, 0)["skipped"]
+
+
+@pytest.mark.spark
+def test_compaction_writes_row_groups_that_a_scan_can_split(spark, tmp_path):
+    """OPTIMIZE rewrites a date partition into row groups of the archive's size
+    (archive.table.ROW_GROUP_BYTES; 64 kB here so that the test's data is small), not
+    Parquet's 128 MB: Spark splits a Parquet scan by row group, so a compacted window
+    of one file is read by several tasks. The session's own setting is left as it was."""
+    table = str(tmp_path / "events")
+    now = datetime.now(UTC)
+    for w in range(4):
+        write_records(spark, table, [("events.raw", w * 500 + i, now,
+                                      json.dumps({"i": i, "pad": os.urandom(300).hex()}).encode())
+                                     for i in range(500)])
+    spark.conf.unset("parquet.block.size")
+
+    maintain(spark, table, retention_days=30, vacuum_hours=0, row_group_bytes=64 << 10)
+    (path,) = spark.read.format("delta").load(table).inputFiles()
+    groups = pq.ParquetFile(path.removeprefix("file:")).metadata.num_row_groups
+    assert groups >= 4, groups
+    assert spark.conf.get("parquet.block.size", None) is None
 
 
 def test_archive_maintenance_dag_imports(tmp_path: Path) -> None:

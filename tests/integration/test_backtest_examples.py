@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from spark_jobs.backtest.inputs import InputSpec
-from spark_jobs.backtest.runner import _BACKTEST_CONF, BacktestConfig, _session_conf, run_backtest
+from spark_jobs.backtest.runner import _BACKTEST_CONF, BacktestConfig, run_backtest
 from spark_jobs.demo.scenarios import EXPECTED, demo_history
 from spark_jobs.engine.velocity import JVM_PASS_CONF
+from spark_jobs.spark import session_conf
 
 pytestmark = pytest.mark.spark
 ROOT = Path(__file__).resolve().parents[2]
@@ -115,11 +116,11 @@ def test_detection_ids_are_deterministic(spark, demo_inputs, demo_run, tmp_path)
 def test_session_conf_is_set_for_the_run_and_restored_after(spark):
     spark.conf.unset(CACHE_COMPRESSED)
     default = spark.conf.get(CACHE_COMPRESSED)
-    with _session_conf(spark, _BACKTEST_CONF):
+    with session_conf(spark, _BACKTEST_CONF):
         assert spark.conf.get(CACHE_COMPRESSED) == "false"
     assert spark.conf.get(CACHE_COMPRESSED) == default == "true"
     spark.conf.set(CACHE_COMPRESSED, "true")
-    with pytest.raises(RuntimeError), _session_conf(spark, _BACKTEST_CONF):
+    with pytest.raises(RuntimeError), session_conf(spark, _BACKTEST_CONF):
         assert spark.conf.get(CACHE_COMPRESSED) == "false"
         raise RuntimeError("a failing backtest")
     assert spark.conf.get(CACHE_COMPRESSED) == "true"
@@ -240,7 +241,7 @@ def test_a_warm_backtest_does_not_compile_its_plan_again(spark, tmp_path, monkey
     keeps by default (100): a second backtest on the same session compiled every class
     again (and the JIT recompiled them: most of a warm run's CPU, README). The
     platform's sessions keep enough for it to reuse them."""
-    with _session_conf(spark, {JVM_PASS_CONF: "windows"}):
+    with session_conf(spark, {JVM_PASS_CONF: "windows"}):
         _compile_twice(spark, tmp_path, monkeypatch)
 
 
