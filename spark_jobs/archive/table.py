@@ -46,7 +46,7 @@ SEQ_SHIFT = 40
 # (128 MB), a 1M-event hour compacted by OPTIMIZE was one 60 MB file of one row group:
 # one task read it while the other core waited, and a warm 1M-event backtest took
 # 13.2-13.4 s against 11.4 s over the same events compacted in 8 MB row groups (11 of
-# them; runs 3-6, README, machine V). Smaller groups also give the window's time bounds
+# them; runs 4-6, README, machine V). Smaller groups also give the window's time bounds
 # finer statistics to skip by.
 ROW_GROUP_BYTES = 8 << 20
 
