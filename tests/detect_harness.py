@@ -147,15 +147,8 @@ def assert_same_detections(got: list[dict], expected: list[dict]) -> None:
 def job_state_store(spark) -> Iterator[None]:  # noqa: ANN001 - a pyspark SparkSession
     """The detection job's state store (transformWithState needs RocksDB) for the
     queries started inside, in a test's shared session; its setting restored after."""
+    from spark_jobs.spark import session_conf
     from spark_jobs.streaming.job import STATE_STORE
 
-    key = "spark.sql.streaming.stateStore.providerClass"
-    before = spark.conf.get(key, None)
-    spark.conf.set(key, STATE_STORE)
-    try:
+    with session_conf(spark, {"spark.sql.streaming.stateStore.providerClass": STATE_STORE}):
         yield
-    finally:
-        if before is None:
-            spark.conf.unset(key)
-        else:
-            spark.conf.set(key, before)
