@@ -18,6 +18,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from py4j.java_gateway import JavaClass
 from pyspark.sql import SparkSession
 
 DEFAULT_MASTER = "local[2]"
@@ -206,3 +207,15 @@ def session_conf(spark: SparkSession, conf: dict[str, str]) -> Iterator[None]:
                 spark.conf.unset(k)
             else:
                 spark.conf.set(k, v)
+
+
+def jvm_class(spark: SparkSession, name: str) -> JavaClass | None:
+    """The JVM class `name` (dotted) of a classic session, or None: on Spark Connect
+    (no Py4J gateway), or when the platform's jars are not on the session's classpath
+    (Py4J then resolves the name to a package, not a class)."""
+    entry = getattr(spark, "_jvm", None)
+    if entry is None:
+        return None
+    for part in name.split("."):
+        entry = getattr(entry, part)
+    return entry if isinstance(entry, JavaClass) else None

@@ -8,14 +8,16 @@ what makes "a rule means the same thing in both" true by construction.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from spark_jobs.rules.model import AnyRule
+from spark_jobs.spark import jvm_class
 
 # A numeric string: what "numeric strings coerce to numbers" means, precisely. Kept
 # strict (no "1_000", "1d", "NaN", "inf") so every implementation agrees on it.
@@ -70,35 +72,32 @@ def _string_if(x: Column, is_string: Column) -> Column:
     return F.when(is_string, F.try_variant_get(x, "$", "string"))
 
 
-def _number_if(x: Column, is_string: Column, is_number: Column, string: Column, text: Column | None = None,
-               type_name: Column | None = None) -> Column:
-    """A JSON number, or a numeric string (`string`: the value as `as_string`), as DOUBLE.
+def _number_if(is_string: Column, is_number: Column, string: Column, as_double: Column) -> Column:
+    """A JSON number (`as_double`: its reading, see _number_reading), or a numeric string
+    (`string`: the value as `as_string`), as DOUBLE.
 
     Only finite numbers: a literal beyond the double range (`1e400`, or the string
     "1e400") would read as Infinity and pass every `>` test and poison every sum; it is
-    no number a rule can use, so it reads as NULL (a missing value never matches).
-
-    A number is read from its JSON text (`text` when at hand, else rendered for numbers
-    only): the same double (the text of an integer, decimal or double variant parses to
-    the correctly rounded double, as the variant's own conversion gives), but Spark 4.2
-    reads a variant scalar by building a Literal per row (validated against a SQLConf
-    that an executor builds anew at each call) and, for an integer or decimal read as
-    DOUBLE, a Cast expression too: that was 5% of the live job's JVM time, and 15% of
-    its first stage's during a backlog drain (Flight Recorder). A FLOAT variant (never
-    made by parse_json) keeps the variant's conversion, which its text would not give.
-    """
-    if text is not None:
-        as_double = text.try_cast("double")
-    else:
-        if type_name is None:
-            raise ValueError("a number is read from its JSON text or, without it, by its variant type")
-        as_double = F.when(type_name == F.lit("FLOAT"), F.try_variant_get(x, "$", "double")).otherwise(
-            json_text(x).try_cast("double"))
+    no number a rule can use, so it reads as NULL (a missing value never matches)."""
     d = (
         F.when(is_number, as_double)
         .when(is_string & string.rlike(NUMERIC_RE), F.trim(string).try_cast("double"))
     )
     return F.when(F.abs(d) <= F.lit(_MAX_DOUBLE), d)
+
+
+def _number_reading(text: Column, float_value: Column | None = None) -> Column:
+    """A number value as DOUBLE, read from its JSON text `text`: the same double (the
+    text of an integer, decimal or double variant parses to the correctly rounded
+    double, as the variant's own conversion gives), but Spark 4.2 reads a variant scalar
+    by building a Literal per row (validated against a SQLConf that an executor builds
+    anew at each call) and, for an integer or decimal read as DOUBLE, a Cast expression
+    too: that was 5% of the live job's JVM time, and 15% of its first stage's during a
+    backlog drain (Flight Recorder). `float_value`: a FLOAT variant's own conversion
+    (never made by parse_json), which its text would not give; None where the caller
+    reads numbers from the JSON text it keeps (a FLOAT's text then)."""
+    as_double = text.try_cast("double")
+    return as_double if float_value is None else F.when(float_value.isNotNull(), float_value).otherwise(as_double)
 
 
 def as_string(x: Column) -> Column:
@@ -110,7 +109,7 @@ def as_number(x: Column) -> Column:
     """A JSON number, or a numeric string, as DOUBLE; NULL for anything else (booleans too)."""
     text = json_text(x)
     is_string, is_number = _text_kinds(text)
-    return _number_if(x, is_string, is_number, F.try_variant_get(x, "$", "string"), text)
+    return _number_if(is_string, is_number, F.try_variant_get(x, "$", "string"), _number_reading(text))
 
 
 # Event times the engine accepts: years 0001 to 9999, the range of Spark's timestamps.
@@ -230,6 +229,83 @@ def field_needs(rules: Iterable[AnyRule]) -> tuple[dict[str, set[str]], set[str]
     return needs, times
 
 
+class _ColumnRead:
+    """extract_paths' reads as Spark expressions over each path's value (`x`, the
+    step-one column): for any session, and for JSON paths (the live job's)."""
+
+    def __init__(self, col: dict[str, dict[str, str]]) -> None:
+        self.col = col
+        self.x = {p: F.col(c["x"]) for p, c in col.items()}
+
+    def present(self, p: str) -> Column:
+        return self.x[p].isNotNull() & ~F.is_variant_null(self.x[p])
+
+    def json(self, p: str, present: Column) -> Column:
+        return F.when(present, json_text(self.x[p]))
+
+    def type_kinds(self, p: str) -> tuple[Column, Column]:
+        return _type_kinds(F.col(self.col[p]["kind"]))
+
+    def string_if(self, p: str, is_string: Column) -> Column:
+        return _string_if(self.x[p], is_string)
+
+    def number_reading(self, p: str) -> Column:
+        # The text rendered for numbers only; a FLOAT by the variant's conversion.
+        kind = F.col(self.col[p]["kind"])
+        return F.when(kind == F.lit("FLOAT"), F.try_variant_get(self.x[p], "$", "double")).otherwise(
+            _number_reading(json_text(self.x[p])))
+
+
+class _JvmRead:
+    """extract_paths' reads from the struct EventFields.read gives (see jvm_reads): the
+    same values, read in the JVM in one call per event."""
+
+    COLUMN = "__fr"
+
+    def __init__(self, paths: list[str]) -> None:
+        r = F.col(self.COLUMN)
+        self.f = {p: {k: r[f"p{i}_{k}"] for k in ("present", "json", "is_str", "is_num", "str", "float")}
+                  for i, p in enumerate(paths)}
+
+    def present(self, p: str) -> Column:
+        return self.f[p]["present"]
+
+    def json(self, p: str, present: Column) -> Column:
+        return self.f[p]["json"]
+
+    def type_kinds(self, p: str) -> tuple[Column, Column]:
+        return self.f[p]["is_str"], self.f[p]["is_num"]
+
+    def string_if(self, p: str, is_string: Column) -> Column:
+        return F.when(is_string, self.f[p]["str"])
+
+    def number_reading(self, p: str) -> Column:
+        return _number_reading(self.f[p]["json"], self.f[p]["float"])
+
+
+# The field reads in the JVM (spark_jobs/jvm/processor, EventFields); `jvm_reads` says when.
+READS_CLASS = "ruleplatform.keyed.EventFields"
+FIELD_READS_CONF = "spark.rules.backtest.fieldReads"
+
+
+def jvm_reads(spark: SparkSession, v: Column, paths: list[str], texts: list[int]) -> Column | None:
+    """EventFields.read of the dotted `paths` over `v` (`texts`: which values' JSON text
+    each path needs, 2 all, 1 numbers, 0 none), when the session can run it: a
+    classic session (Spark Connect has no Py4J gateway) with the platform's jars, and
+    `spark.rules.backtest.fieldReads` not `columns`. Otherwise extract_paths reads the
+    fields as Spark expressions, with the same results: the eight fields of the
+    benchmark's rules cost 2.2 s of a warm 1M-event scan that way (EventFields, README)."""
+    if not paths or spark.conf.get(FIELD_READS_CONF, "jvm") == "columns":
+        return None
+    entry = jvm_class(spark, READS_CLASS)
+    if entry is None:
+        return None
+    from pyspark.sql.classic.column import Column as ClassicColumn
+
+    spec = json.dumps({"paths": [p.split(".") for p in paths], "texts": texts})
+    return ClassicColumn(entry.read(v._jc, spec))
+
+
 def extract_fields(
     df: DataFrame, rules: Iterable[AnyRule], time_paths: Iterable[str] = (), v: Column | None = None
 ) -> tuple[DataFrame, Fields]:
@@ -253,24 +329,29 @@ def extract_paths(df: DataFrame, needs: dict[str, set[str]], times: Iterable[str
     # expression, every form would look the path up and convert it again (Spark does
     # not share subexpressions inside CASE branches), several times per field and row.
     col = {p: {f: f"__f{i}_{f}" for f in ("x", "kind", "present", "json", "num", "str")} for i, p in enumerate(paths)}
-    x = {p: F.col(col[p]["x"]) for p in paths}
-    step1 = [_variant_get(v, F.lit(to_json_path(p))).alias(col[p]["x"]) for p in paths]
+    texts = [2 if "json" in needs[p] else 1 if "num" in needs[p] else 0 for p in paths]
+    reads = jvm_reads(df.sparkSession, v, paths, texts) if to_json_path is json_path else None
+    read = _JvmRead(paths) if reads is not None else _ColumnRead(col)
+    step1 = [reads.alias(_JvmRead.COLUMN)] if reads is not None else [
+        _variant_get(v, F.lit(to_json_path(p))).alias(col[p]["x"]) for p in paths]
     step2: list[Column] = []
     for p in paths:
-        present = x[p].isNotNull() & ~F.is_variant_null(x[p])
+        present = read.present(p)
         step2.append(present.alias(col[p]["present"]))
         if "json" in needs[p]:
-            step2.append(F.when(present, json_text(x[p])).alias(col[p]["json"]))
-        elif needs[p] & {"num", "str"}:
-            step2.append(F.when(present, F.schema_of_variant(x[p])).alias(col[p]["kind"]))
+            step2.append(read.json(p, present).alias(col[p]["json"]))
+        elif needs[p] & {"num", "str"} and isinstance(read, _ColumnRead):
+            step2.append(F.when(present, F.schema_of_variant(read.x[p])).alias(col[p]["kind"]))
 
     converted = [p for p in paths if needs[p] & {"num", "str"}]
-    kinds = {p: _text_kinds(F.col(col[p]["json"])) if "json" in needs[p] else _type_kinds(F.col(col[p]["kind"]))
-             for p in converted}
-    step3 = [_string_if(x[p], kinds[p][0]).alias(col[p]["str"]) for p in converted]
-    step4 = [_number_if(x[p], *kinds[p], F.col(col[p]["str"]),
-                        **({"text": F.col(col[p]["json"])} if "json" in needs[p] else {"type_name": F.col(col[p]["kind"])}))
-             .alias(col[p]["num"]) for p in converted if "num" in needs[p]]
+    kinds = {p: _text_kinds(F.col(col[p]["json"])) if "json" in needs[p] else read.type_kinds(p) for p in converted}
+    step3 = [read.string_if(p, kinds[p][0]).alias(col[p]["str"]) for p in converted]
+
+    def reading(p: str) -> Column:
+        return _number_reading(F.col(col[p]["json"])) if "json" in needs[p] else read.number_reading(p)
+
+    step4 = [_number_if(*kinds[p], F.col(col[p]["str"]), reading(p)).alias(col[p]["num"])
+             for p in converted if "num" in needs[p]]
     out = df
     for step in (step1, step2, step3, step4):
         if step:

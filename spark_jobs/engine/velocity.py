@@ -60,6 +60,7 @@ from spark_jobs.engine.emits import (
 )
 from spark_jobs.engine.values import Fields
 from spark_jobs.rules.model import VelocityRule
+from spark_jobs.spark import jvm_class
 
 ROUTED_COLUMNS = ["topic", "seq", "raw", "v", "proc_ms", "ts_ms"]
 
@@ -291,13 +292,9 @@ def jvm_pass(spark: SparkSession) -> JavaClass | None:
     `windows`. Otherwise the groups are planned as Spark window functions, with the
     same results but for sums: the JVM's are exact (the live job's), the windows' sum
     values rounded to 12 decimal places."""
-    jvm = getattr(spark, "_jvm", None)
-    if jvm is None or spark.conf.get(JVM_PASS_CONF, "jvm") == "windows":
+    if spark.conf.get(JVM_PASS_CONF, "jvm") == "windows":
         return None
-    entry = jvm
-    for part in BATCH_CLASS.split("."):
-        entry = getattr(entry, part)
-    return entry if isinstance(entry, JavaClass) else None
+    return jvm_class(spark, BATCH_CLASS)
 
 
 def _fired_in_jvm(entry: JavaClass, entered: DataFrame, rules: list[VelocityRule], inputs: list[_Input]) -> DataFrame:
