@@ -4,6 +4,13 @@ Everything here builds Spark Column expressions over the event parsed once into 
 VARIANT column, so field access, coercion and timestamp parsing run in the JVM with no
 per-row Python. The backtest and the streaming job both use these functions; that is
 what makes "a rule means the same thing in both" true by construction.
+
+One part has a second implementation: in a classic session with the platform's jars,
+the backtest reads the fields (presence, JSON text, kind, string) through one JVM call
+per event (`EventFields`, see `jvm_reads`), which cost 1.2 s where these expressions
+cost 2.6 s in a warm 1M-event scan. Everything after those reads (numbers, numeric
+strings, timestamps, comparisons) is the same expressions either way, and
+tests/integration/test_event_fields_jvm.py holds the two reads equal.
 """
 
 from __future__ import annotations
