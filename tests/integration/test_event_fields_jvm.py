@@ -35,6 +35,8 @@ def _records() -> list[str]:
         out.append(json.dumps({"a": v, "b": i, "n": {"x": v, "y": {"z": v}}, "q\"uote": v, "ts": v}))
     for i, text in enumerate(RAW_NUMBERS):
         out.append(f'{{"a": {text}, "b": {i}, "n": {{"x": {text}, "y": {{"z": {text}}}}}, "ts": {text}}}')
+    # More record shapes (key sets) than EventFields keeps key ids for (64), in turn.
+    out += [json.dumps({f"k{i}": i, "a": f"s{i}", "n": {"x": i, f"y{i % 3}": {"z": -i}}}) for i in range(100)]
     # Not an object at the root, nested non-objects on the path, and not JSON at all.
     out += ["[1, 2]", '"text"', "17", "null", '{"n": 5, "a": null}', '{"n": [1], "a": {"b": 1}}', "{not json", ""]
     return out

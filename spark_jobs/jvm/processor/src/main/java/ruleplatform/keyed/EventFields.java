@@ -4,9 +4,13 @@ import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
 import java.io.IOException;
 import java.io.UncheckedIOException;
+import java.nio.ByteBuffer;
 import java.time.ZoneOffset;
 import java.util.ArrayList;
+import java.util.HashMap;
 import java.util.List;
+import java.util.Map;
+import java.util.concurrent.ConcurrentHashMap;
 import org.apache.spark.sql.Column;
 import org.apache.spark.sql.Row;
 import org.apache.spark.sql.RowFactory;
@@ -99,8 +103,14 @@ public final class EventFields {
     static final int TEXT_ALL = 2;
 
     static final class Reads implements UDF1<VariantVal, Row> {
+        private static final int ABSENT = -1;
+        private static final int AMBIGUOUS = -2;
+        private static final int MAX_SHAPES = 64;
+
         private final String[][] paths;
         private final int[] texts;
+        // Built lazily on the executor (not serialized); concurrent, should tasks share it.
+        private transient Map<ByteBuffer, int[][]> shapes;
 
         Reads(String[][] paths, int[] texts) {
             this.paths = paths;
@@ -109,10 +119,13 @@ public final class EventFields {
 
         @Override
         public Row call(VariantVal v) {
+            if (shapes == null) {
+                shapes = new ConcurrentHashMap<>();
+            }
             Object[] out = new Object[paths.length * 6];
             Variant root = v == null ? null : new Variant(v.getValue(), v.getMetadata());
             for (int i = 0; i < paths.length; i++) {
-                Variant x = at(root, paths[i]);
+                Variant x = at(root, i);
                 int o = i * 6;
                 boolean present = x != null && x.getType() != VariantUtil.Type.NULL;
                 out[o] = present;
@@ -151,16 +164,72 @@ public final class EventFields {
             return "\"" + text + "\"";
         }
 
-        /** The value at `path` (object keys), or null: missing, or under a non-object. */
-        private static Variant at(Variant root, String[] path) {
+        /** The value at path i (object keys), or null: missing, or under a non-object. */
+        private Variant at(Variant root, int i) {
+            if (root == null) {
+                return null;
+            }
+            int[] ids = dictionaryIds(root.getMetadata())[i];
             Variant x = root;
-            for (String key : path) {
+            for (int j = 0; j < ids.length; j++) {
                 if (x == null || x.getType() != VariantUtil.Type.OBJECT) {
                     return null;
                 }
-                x = x.getFieldByKey(key);
+                x = field(x, ids[j], paths[i][j]);
             }
             return x;
+        }
+
+        /**
+         * The field of object `x` whose key has dictionary id `id` (AMBIGUOUS: by its name
+         * `key`). Variant.getFieldByKey decodes the key of every field it passes into a
+         * String; comparing ids decodes none.
+         */
+        private static Variant field(Variant x, int id, String key) {
+            if (id == ABSENT) {
+                return null;
+            }
+            if (id == AMBIGUOUS) {
+                return x.getFieldByKey(key);
+            }
+            int n = x.objectSize();
+            for (int k = 0; k < n; k++) {
+                if (x.getDictionaryIdAtIndex(k) == id) {
+                    return x.getFieldAtIndex(k).value;
+                }
+            }
+            return null;
+        }
+
+        /**
+         * Per path and key, its id in the metadata's dictionary of keys (ABSENT when no key
+         * of the record has that name). Records of one shape share their metadata, so the
+         * ids are kept per distinct metadata, for the last few shapes seen.
+         */
+        private int[][] dictionaryIds(byte[] metadata) {
+            ByteBuffer key = ByteBuffer.wrap(metadata);
+            int[][] ids = shapes.get(key);
+            if (ids != null) {
+                return ids;
+            }
+            int offsetSize = ((metadata[0] >> 6) & 0x3) + 1;
+            int size = VariantUtil.readUnsigned(metadata, 1, offsetSize);
+            Map<String, Integer> byName = new HashMap<>();
+            for (int id = 0; id < size; id++) {
+                byName.merge(VariantUtil.getMetadataKey(metadata, id), id, (a, b) -> AMBIGUOUS);
+            }
+            ids = new int[paths.length][];
+            for (int i = 0; i < paths.length; i++) {
+                ids[i] = new int[paths[i].length];
+                for (int j = 0; j < ids[i].length; j++) {
+                    ids[i][j] = byName.getOrDefault(paths[i][j], ABSENT);
+                }
+            }
+            if (shapes.size() >= MAX_SHAPES) {
+                shapes.clear();
+            }
+            shapes.put(ByteBuffer.wrap(metadata.clone()), ids);
+            return ids;
         }
     }
 }
