@@ -189,8 +189,12 @@ def _write_and_count(parsed: DataFrame, lines: DataFrame, result: EngineResult, 
     )
     for kind, name in _FILES.items():
         written = tmp / "detections" if kind == "detections" else tmp / "others" / f"file={kind}"
+        parts = sorted(written.glob("part-*"))
+        if len(parts) == 1:
+            parts[0].replace(out_dir / name)  # the one part is the whole file: moved, not copied
+            continue
         with (out_dir / name).open("wb") as out:
-            for part in sorted(written.glob("part-*")):
+            for part in parts:
                 with part.open("rb") as src:
                     shutil.copyfileobj(src, out)
     rows = [json.loads(line) for part in sorted((tmp / "others" / f"file={_COUNTS_PART}").glob("part-*"))
