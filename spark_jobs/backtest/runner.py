@@ -215,7 +215,7 @@ def _iso(ms: int | None) -> str | None:
 # and dropped. Building the compressed form tries each column's encodings on every
 # value (the event text among them), which cost more than it saved: ~4 s of a 100 s run
 # over 1M events. Uncompressed, 1M bench events take ~300 MB; past memory they spill to
-# disk (MEMORY_AND_DISK).
+# disk (kept.LEVEL).
 _BACKTEST_CONF = {"spark.sql.inMemoryColumnarStorage.compressed": "false"}
 
 

@@ -7,7 +7,7 @@ what makes "a rule means the same thing in both" true by construction.
 
 One part has a second implementation: in a classic session with the platform's jars,
 the backtest reads the fields (presence, JSON text, kind, string) through one JVM call
-per event (`EventFields`, see `jvm_reads`), which cost 1.2 s where these expressions
+per event (`EventFields`, see `jvm_reads`), which cost 1.1 s where these expressions
 cost 2.6 s in a warm 1M-event scan. Everything after those reads (numbers, numeric
 strings, timestamps, comparisons) is the same expressions either way, and
 tests/integration/test_event_fields_jvm.py holds the two reads equal.
@@ -244,6 +244,13 @@ class _ColumnRead:
         self.col = col
         self.x = {p: F.col(c["x"]) for p, c in col.items()}
 
+    def first(self, v: Column, to_json_path: Callable[[str], str]) -> list[Column]:
+        return [_variant_get(v, F.lit(to_json_path(p))).alias(self.col[p]["x"]) for p in self.col]
+
+    def kind(self, p: str, present: Column) -> Column | None:
+        """The value's variant type name, where the path's kind is not read from its JSON text."""
+        return F.when(present, F.schema_of_variant(self.x[p])).alias(self.col[p]["kind"])
+
     def present(self, p: str) -> Column:
         return self.x[p].isNotNull() & ~F.is_variant_null(self.x[p])
 
@@ -269,10 +276,17 @@ class _JvmRead:
 
     COLUMN = "__fr"
 
-    def __init__(self, paths: list[str]) -> None:
+    def __init__(self, paths: list[str], reads: Column) -> None:
+        self.reads = reads
         r = F.col(self.COLUMN)
         self.f = {p: {k: r[f"p{i}_{k}"] for k in ("present", "json", "is_str", "is_num", "str", "float")}
                   for i, p in enumerate(paths)}
+
+    def first(self, v: Column, to_json_path: Callable[[str], str]) -> list[Column]:
+        return [self.reads.alias(self.COLUMN)]
+
+    def kind(self, p: str, present: Column) -> Column | None:
+        return None  # the struct carries the kinds
 
     def present(self, p: str) -> Column:
         return self.f[p]["present"]
@@ -293,11 +307,13 @@ class _JvmRead:
 # The field reads in the JVM (spark_jobs/jvm/processor, EventFields); `jvm_reads` says when.
 READS_CLASS = "ruleplatform.keyed.EventFields"
 FIELD_READS_CONF = "spark.rules.backtest.fieldReads"
+# Which values' JSON text a path needs (EventFields.TEXT_*): none, numbers only, all.
+_TEXT_NONE, _TEXT_NUMBERS, _TEXT_ALL = 0, 1, 2
 
 
 def jvm_reads(spark: SparkSession, v: Column, paths: list[str], texts: list[int]) -> Column | None:
     """EventFields.read of the dotted `paths` over `v` (`texts`: which values' JSON text
-    each path needs, 2 all, 1 numbers, 0 none), when the session can run it: a
+    each path needs, the `_TEXT_*` codes), when the session can run it: a
     classic session (Spark Connect has no Py4J gateway) with the platform's jars, and
     `spark.rules.backtest.fieldReads` not `columns`. Otherwise extract_paths reads the
     fields as Spark expressions, with the same results: the eight fields of the
@@ -336,19 +352,18 @@ def extract_paths(df: DataFrame, needs: dict[str, set[str]], times: Iterable[str
     # expression, every form would look the path up and convert it again (Spark does
     # not share subexpressions inside CASE branches), several times per field and row.
     col = {p: {f: f"__f{i}_{f}" for f in ("x", "kind", "present", "json", "num", "str")} for i, p in enumerate(paths)}
-    texts = [2 if "json" in needs[p] else 1 if "num" in needs[p] else 0 for p in paths]
+    texts = [_TEXT_ALL if "json" in needs[p] else _TEXT_NUMBERS if "num" in needs[p] else _TEXT_NONE for p in paths]
     reads = jvm_reads(df.sparkSession, v, paths, texts) if to_json_path is json_path else None
-    read = _JvmRead(paths) if reads is not None else _ColumnRead(col)
-    step1 = [reads.alias(_JvmRead.COLUMN)] if reads is not None else [
-        _variant_get(v, F.lit(to_json_path(p))).alias(col[p]["x"]) for p in paths]
+    read = _JvmRead(paths, reads) if reads is not None else _ColumnRead(col)
+    step1 = read.first(v, to_json_path)
     step2: list[Column] = []
     for p in paths:
         present = read.present(p)
         step2.append(present.alias(col[p]["present"]))
         if "json" in needs[p]:
             step2.append(read.json(p, present).alias(col[p]["json"]))
-        elif needs[p] & {"num", "str"} and isinstance(read, _ColumnRead):
-            step2.append(F.when(present, F.schema_of_variant(read.x[p])).alias(col[p]["kind"]))
+        elif needs[p] & {"num", "str"} and (kind := read.kind(p, present)) is not None:
+            step2.append(kind)
 
     converted = [p for p in paths if needs[p] & {"num", "str"}]
     kinds = {p: _text_kinds(F.col(col[p]["json"])) if "json" in needs[p] else read.type_kinds(p) for p in converted}
