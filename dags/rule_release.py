@@ -146,7 +146,9 @@ with DAG(
         )
         return {**plan, "settings": candidate["settings"]}
 
-    @task(trigger_rule=TriggerRule.NONE_FAILED)
+    # Not NONE_FAILED: an idle poll skips every task before this one, and a task that
+    # ran on skipped inputs would fail on their missing XComs (a red run for no reason).
+    @task(trigger_rule=TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS)
     def build_report(candidate: dict, validation: dict, plan: dict) -> dict:
         """report.html + report.json, and the approval page text."""
         from airflow.configuration import conf
@@ -162,7 +164,7 @@ with DAG(
         log.info("Report: %s (served at %s)", result["html"], result["url"])
         return result
 
-    @task(trigger_rule=TriggerRule.NONE_FAILED)
+    @task(trigger_rule=TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS)
     def record_outcome(candidate: dict, validation: dict, report: dict) -> str:
         """Write the decision (who, when, what) to the audit log and say it in the log."""
         ctx = get_current_context()
