@@ -35,6 +35,10 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(join_relative_times(sys.argv[1:] if argv is None else list(argv)))
+    if args.command != "up":  # `up` decides its own credentials (it writes them)
+        from spark_jobs.kafka.client_config import adopt_platform_credentials
+
+        adopt_platform_credentials()
     return int(args.func(args) or 0)
 
 

@@ -77,7 +77,7 @@ def _hook(s: supervision.SupervisorSettings) -> DetectionControlHook:
 def _policy(s: supervision.SupervisorSettings) -> control.SupervisorPolicy:
     return control.SupervisorPolicy(stale_after_s=s.stale_after_s, runner_stale_after_s=s.runner_stale_after_s,
                                     stall_after_s=s.stall_after_s, max_lag=s.max_lag,
-                                    request_timeout_s=s.request_timeout_s)
+                                    request_timeout_s=s.request_timeout_s, start_grace_s=s.start_grace_s)
 
 
 class DetectionHealthOperator(BaseOperator):

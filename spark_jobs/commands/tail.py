@@ -67,6 +67,12 @@ def run(args: argparse.Namespace) -> int:
         )
     except KafkaException as exc:
         print(f"rulectl tail: {exc}", file=sys.stderr)
+        from spark_jobs.kafka.client_config import CREDENTIALS_ENV
+
+        if not os.environ.get(CREDENTIALS_ENV):
+            print(f"rulectl tail: no Kafka credentials: a broker with SASL users (rulectl up without --insecure) "
+                  f"needs {CREDENTIALS_ENV}=<workdir>/kafka-credentials.json, or run this where `make up` runs "
+                  "(it finds var/platform.json)", file=sys.stderr)
         return 1
     finally:
         _restore_handlers(previous)

@@ -1,8 +1,9 @@
 """`rulectl up`: the whole platform on one machine, started and stopped as one.
 
 One command, in this order: the embedded Apache Kafka broker on 127.0.0.1:9092 with
-the platform's topics; the rules of `rules/` validated and published to `rules.active`;
-the detection job (`rulectl detect`, Spark local mode); the event archive (`rulectl
+the platform's topics; `rules.active` bootstrapped if it is empty (the committed rules,
+audited as a bootstrap; otherwise nothing is published: changes go live through an
+approved release, spark_jobs/lifecycle/bootstrap.py); the detection job (`rulectl detect`, Spark local mode); the event archive (`rulectl
 archive`: events.raw and context.raw into the Delta table `<workdir>/archive/events`,
 which backtests and reports read); the demo generator
 (`rulectl demo --forever`); Airflow (api-server with the UI, scheduler, DAG processor,
@@ -102,6 +103,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--no-connect",
         action="store_true",
         help="do not start the Spark Connect server for backtests (rulectl connect, port 15002)",
+    )
+    p.add_argument(
+        "--connect-port", type=int, default=DEFAULT_CONNECT_PORT,
+        help=f"port of the Spark Connect server on 127.0.0.1 (default: {DEFAULT_CONNECT_PORT})",
     )
     p.add_argument("--trigger-ms", type=int, default=None, help="detection job micro-batch trigger interval")
     p.add_argument(
@@ -565,7 +570,7 @@ def plan(
     if not args.no_archive:
         specs.append(archive_spec(args, bootstrap, paths))
     if not args.no_connect:
-        specs.append(connect_spec(args, bootstrap, paths))
+        specs.append(connect_spec(args, bootstrap, paths, args.connect_port))
     if not args.no_demo:
         specs.append(demo_spec(args, bootstrap, paths))
     if not args.no_airflow:
@@ -681,6 +686,9 @@ def _preflight(args: argparse.Namespace, host: str) -> list[str]:
         problems.append(
             f"port {args.airflow_port} is in use (another Airflow? use --airflow-port or --no-airflow)"
         )
+    if not args.no_connect and port_in_use("127.0.0.1", args.connect_port):
+        problems.append(f"port {args.connect_port} is in use (another Spark Connect server? use --connect-port "
+                        "or --no-connect)")
     if args.partitions < 1:
         problems.append("--partitions must be at least 1")
     if args.demo_rate <= 0:
@@ -690,65 +698,32 @@ def _preflight(args: argparse.Namespace, host: str) -> list[str]:
     return problems
 
 
-def _publish(rules_dir: str, bootstrap: str, sup: Supervisor, paths: Paths | None = None) -> int | None:
-    """Validate and publish the rules (all or nothing, like `rulectl publish`), and
-    record the publication in the release audit log (`record_bootstrap`)."""
-    from spark_jobs.kafka.publisher import publish_rules
-    from spark_jobs.rules.loader import load_rules
-
-    loaded = load_rules([rules_dir])
-    if loaded.errors:
-        for err in loaded.errors:
-            sup.say(f"ERROR {err}")
-        sup.say(
-            f"rulectl up: {len(loaded.errors)} invalid rule(s) in {rules_dir}: nothing published, stopping"
-        )
-        return None
-    commit = _head_commit(Path(rules_dir))
-    result = publish_rules([lr.rule for lr in loaded.rules], bootstrap, published_by="rulectl up", commit=commit)
-    sup.say(
-        f"published {len(result.published)} rule(s) to {result.topic} ({len(result.unchanged)} unchanged)"
-    )
-    if paths is not None and commit:
-        record_bootstrap(paths, commit, {lr.rule.rule_id: lr.rule.version for lr in loaded.rules}, Path(rules_dir))
-    return len(loaded.rules)
-
-
-def _head_commit(path: Path) -> str | None:
-    """The commit the published rules come from (HEAD of their repository), if any."""
-    import subprocess
-
-    proc = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True)
-    return proc.stdout.strip() if proc.returncode == 0 and proc.stdout.strip() else None
-
-
-def record_bootstrap(paths: Paths, commit: str, versions: dict[str, str], rules_dir: Path) -> dict | None:
-    """Tell the release DAG what `rulectl up` published at start.
-
-    Without it the first release compares against nothing ("Last published commit: none
-    recorded") although the rules are live. A `published` record in the audit folder
-    the DAG uses (`<workdir>/airflow/rule_lifecycle/audit`) names the commit as the
-    base of the next release; `bootstrap: true` says no person approved it. Written once
-    per workdir (a later start keeps the history the releases wrote)."""
-    import subprocess
-
-    from spark_jobs.lifecycle import audit
+def _publish(rules_dir: str, bootstrap: str, sup: Supervisor, paths: Paths) -> int | None:
+    """Bootstrap an empty rules.active, else publish nothing (spark_jobs.lifecycle.bootstrap):
+    the only other way onto the topic is an approved release. Returns the number of live
+    rules, or None when an empty topic cannot be bootstrapped (invalid rules)."""
+    from spark_jobs.kafka.publisher import current_rules, publish_rules
+    from spark_jobs.lifecycle.bootstrap import start_rules
     from spark_jobs.lifecycle.settings import LifecycleSettings
 
-    audit_dir = Path(paths.airflow_home) / "rule_lifecycle" / "audit"
-    if audit.last_published_commit(audit_dir) is not None:
+    def publish(rules: list, commit: str | None) -> list[str]:
+        result = publish_rules(rules, bootstrap, published_by="rulectl up (bootstrap)", commit=commit)
+        return [r.rule_id for r in result.published]
+
+    outcome = start_rules(
+        Path(rules_dir), audit_dir(paths), lambda: current_rules(bootstrap), publish, branch=LifecycleSettings().branch
+    )
+    for line in outcome.lines(rules_dir):
+        sup.say(line)
+    if outcome.bootstrapped and outcome.errors:
+        sup.say("rulectl up: rules.active is empty and its bootstrap is invalid: stopping")
         return None
-    top = subprocess.run(["git", "-C", str(rules_dir), "rev-parse", "--show-toplevel"], capture_output=True, text=True)
-    repo = top.stdout.strip() or LifecycleSettings().repo
-    dirty = subprocess.run(
-        ["git", "-C", str(rules_dir), "status", "--porcelain", "--", "."], capture_output=True, text=True
-    ).stdout.strip()
-    return audit.append_record(audit_dir, {
-        "event": "published", "bootstrap": True, "commit": commit, "repo": repo, "branch": LifecycleSettings().branch,
-        "dag_id": None, "run_id": None, "approved_by": None, "decided_by": {"id": None, "name": "rulectl up (start)"},
-        "reason": "rules published at platform start" + (" (from a working tree with changes)" if dirty else ""),
-        "rules": [{"rule_id": rid, "version": v, "previous_version": None, "produced": True} for rid, v in sorted(versions.items())],
-    })
+    return outcome.live_count
+
+
+def audit_dir(paths: Paths) -> Path:
+    """The release audit of this work folder (the release DAG's, under Airflow's home)."""
+    return paths.airflow_home / "rule_lifecycle" / "audit"
 
 
 def _banner(
@@ -769,7 +744,7 @@ def _banner(
         ("             INSECURE: no SASL users, no ACLs (--insecure: development only)" if args.insecure else
          f"             SASL/SCRAM + ACLs; principals' passwords in {paths.kafka_credentials_file} "
          "(readable by you only)"),
-        f"  rules      {n_rules} published to rules.active from {args.rules}",
+        f"  rules      {n_rules} live on rules.active; changes to {args.rules} go live through a release",
     ]
     if "detect" in procs:
         lines.append(
@@ -783,8 +758,8 @@ def _banner(
         )
     if "connect" in procs:
         lines.append(
-            f"  backtests  Spark Connect on sc://127.0.0.1:{DEFAULT_CONNECT_PORT}: rulectl backtest --remote "
-            f"sc://127.0.0.1:{DEFAULT_CONNECT_PORT} --history {paths.archive_table} --from -1h ..."
+            f"  backtests  Spark Connect on sc://127.0.0.1:{args.connect_port}: rulectl backtest --remote "
+            f"sc://127.0.0.1:{args.connect_port} --history {paths.archive_table} --from -1h ..."
         )
     if "demo" in procs:
         lines.append(
@@ -805,21 +780,27 @@ def _banner(
         )
     lines += [
         f"  state      {paths.state_file} (pids, logs; SIGTERM the detect pid to restart the job)",
-        "watch detections:    " + _client_prefix(args, paths) + "rulectl tail events.processed" + _bootstrap_flag(bootstrap),
-        "watch dead letters:  " + _client_prefix(args, paths) + "rulectl tail events.deadletter" + _bootstrap_flag(bootstrap),
+        "watch detections:    " + watch_command(args, paths, bootstrap, "events.processed"),
+        "watch dead letters:  " + watch_command(args, paths, bootstrap, "events.deadletter"),
         "Ctrl-C stops everything (twice: without waiting).",
         "=" * 78,
     ]
     sup.say("\n".join(lines))
 
 
-def _client_prefix(args: argparse.Namespace, paths: Paths) -> str:
-    """How a client in the user's shell finds its credentials (the file, not a password)."""
-    return "" if args.insecure else f"KAFKA_CREDENTIALS_FILE={paths.kafka_credentials_file} "
+def watch_command(args: argparse.Namespace, paths: Paths, bootstrap: str, topic: str) -> str:
+    """A `rulectl tail` that works pasted into any shell: the rulectl of this environment
+    by its path (the virtualenv need not be active), the credentials file named (not a
+    password), the port when it is not the default."""
+    import shlex
 
-
-def _bootstrap_flag(bootstrap: str) -> str:
-    return "" if bootstrap == "127.0.0.1:9092" else f" --bootstrap {bootstrap}"
+    local = Path(sys.executable).parent / "rulectl"
+    cmd = [str(local)] if local.exists() else [sys.executable, "-m", "spark_jobs.cli"]
+    cmd += ["tail", topic]
+    if bootstrap != "127.0.0.1:9092":
+        cmd += ["--bootstrap", bootstrap]
+    env = "" if args.insecure else f"KAFKA_CREDENTIALS_FILE={shlex.quote(str(paths.kafka_credentials_file))} "
+    return env + shlex.join(cmd)
 
 
 def _write_state(sup: Supervisor, paths: Paths, bootstrap: str, args: argparse.Namespace) -> None:
@@ -837,6 +818,8 @@ def _write_state(sup: Supervisor, paths: Paths, bootstrap: str, args: argparse.N
         "archive": {"table": str(paths.archive_table), "checkpoint": str(paths.archive_checkpoint),
                     "status_file": str(paths.archive_status_file)},
         "airflow_url": None if args.no_airflow else airflow_url(args),
+        # How `rulectl` in the user's shell finds its credentials (client_config).
+        "kafka_credentials_file": None if args.insecure else str(paths.kafka_credentials_file),
         "components": sup.describe(),
         "history": sup.history[-50:],
     }

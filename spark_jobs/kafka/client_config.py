@@ -80,6 +80,36 @@ class KafkaClientSettings:
         return self.security_protocol or ("SASL_PLAINTEXT" if self.secured else "PLAINTEXT")
 
 
+PLATFORM_STATE_ENV = "RULES_PLATFORM_STATE"
+DEFAULT_PLATFORM_STATE = Path("var") / "platform.json"
+
+
+def platform_credentials_file(environ: Mapping[str, str] | None = None) -> str | None:
+    """The credentials file of the platform `rulectl up` runs, found from its state file
+    ($RULES_PLATFORM_STATE, else `var/platform.json` under the current folder, where
+    `make up` keeps it). None when no platform runs here or it runs without SASL
+    (`--insecure`), so a plain broker elsewhere is not offered a password."""
+    env = os.environ if environ is None else environ
+    state = Path(env.get(PLATFORM_STATE_ENV) or DEFAULT_PLATFORM_STATE)
+    try:
+        found = json.loads(state.read_text(encoding="utf-8")).get("kafka_credentials_file")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return found if isinstance(found, str) and Path(found).is_file() else None
+
+
+def adopt_platform_credentials() -> str | None:
+    """Let a command in the user's shell (`rulectl tail ...` next to `make up`) act as
+    its role without being told where the credentials are: set `KAFKA_CREDENTIALS_FILE`
+    to the local platform's file when it is unset. An explicit setting always wins."""
+    if os.environ.get(CREDENTIALS_ENV):
+        return None
+    found = platform_credentials_file()
+    if found:
+        os.environ[CREDENTIALS_ENV] = found
+    return found
+
+
 def settings(environ: Mapping[str, str] | None = None) -> KafkaClientSettings:
     """This process's settings (environment)."""
     return KafkaClientSettings.from_env(os.environ if environ is None else environ)

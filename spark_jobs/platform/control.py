@@ -113,6 +113,9 @@ class SupervisorPolicy:
     stall_after_s: float = 120.0  # no batch for this long while the lag grows: stalled
     max_lag: int | None = None  # alert (never restart) above this lag
     request_timeout_s: float = 600.0  # an unanswered request older than this is asked again
+    # A driver's JVM, Spark session and first batch take a while: no status for this long
+    # after the runner started it is a start in progress, not a dead job.
+    start_grace_s: float = 300.0
 
 
 @dataclass(frozen=True)
@@ -150,6 +153,8 @@ def decide(view: ControlView, now: datetime, policy: SupervisorPolicy) -> Decisi
 
     * the runner gave up (crash loop) -> fail, with its reason: restarting would not help;
     * no runner, or its status is stale -> alert: nothing on the driver host obeys;
+    * no status from the driver the runner started last (a status older than that start
+      is an earlier driver's) -> wait while it is within `start_grace_s`, then alert;
     * a request not answered yet (and not too old) -> wait: never two restarts for one need;
     * the rules need another watermark delay / new topics, the job's status is stale,
       or the job is stalled with a growing lag -> restart (graceful, same checkpoint);
@@ -174,10 +179,19 @@ def decide(view: ControlView, now: datetime, policy: SupervisorPolicy) -> Decisi
         if req_age is not None and req_age < policy.request_timeout_s:
             return Decision("wait", [f"restart {req.get('request_id')} asked {req_age:.0f}s ago is in progress"])
     job = view.job
+    driver_started = parse_time(runner.get("driver_started_at"))
+    job_time = parse_time(job.get("updated_at")) if job is not None else None
+    if driver_started is not None and job_time is not None and job_time < driver_started:
+        job = None  # the last word of an earlier driver (before a restart of the platform)
     if job is None:
         if runner.get("state") in ("starting", "backoff", "restarting"):
             return Decision("wait", [f"runner is {runner.get('state')}: no job status yet"])
-        return Decision("alert", ["no status from the detection job"])
+        since = _age(runner.get("driver_started_at"), now)
+        if runner.get("state") == "running" and since is not None and since < policy.start_grace_s:
+            return Decision("wait", [f"the job is starting: its driver started {since:.0f}s ago and has not "
+                                     f"reported yet (allowed {policy.start_grace_s:g}s)"])
+        after = "" if since is None else f" {since:.0f}s after its driver started"
+        return Decision("alert", [f"no status from the detection job{after}"])
     reasons: list[str] = []
     if job.get("restart_required"):
         reasons.extend(job.get("restart_reasons") or ["the job says it needs a restart"])

@@ -85,6 +85,7 @@ class Runner:
         self.stop = stop or threading.Event()
         self.child: subprocess.Popen[bytes] | None = None
         self.child_started = 0.0
+        self.child_started_at: str | None = None  # wall clock, for the supervisor's start grace
         self.state = "starting"
         self.reason: str | None = None
         self.restarts_total = 0
@@ -123,6 +124,7 @@ class Runner:
         self._produce(self.cfg.status_topic, control.RUNNER_KEY, {
             "state": self.state, "reason": self.reason, "host": control.host_name(), "pid": os.getpid(),
             "driver_pid": self.child.pid if self.child and self.child.poll() is None else None,
+            "driver_started_at": self.child_started_at,
             "started_at": self.started_at, "updated_at": control.now_iso(), "restarts_total": self.restarts_total,
             "command": detect_command(self.cfg),
         })
@@ -138,6 +140,7 @@ class Runner:
             if out is not None:
                 out.close()
         self.child_started = time.monotonic()
+        self.child_started_at = control.now_iso()
         self.state = "running"
         self.publish_status(force=True)
 

@@ -216,6 +216,8 @@ class SupervisorSettings:
     request_timeout_s: float = 600.0
     # How long the run waits for the restarted job to report running.
     restart_wait_s: float = 300.0
+    # No status yet this long after the runner started the driver: a start, not a failure.
+    start_grace_s: float = 300.0
 
     def to_dict(self) -> dict:
         return asdict(self)

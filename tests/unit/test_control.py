@@ -96,3 +96,19 @@ def test_request_and_answer_records() -> None:
     assert match_restart_record(_Msg(json.dumps(answer).encode()), "dag/run1") == answer
     assert match_restart_record(_Msg(json.dumps(answer).encode()), "dag/run2") is None
     assert match_restart_record(_Msg(b"not json"), "dag/run1") is None
+
+
+def test_a_driver_that_is_still_starting_is_waited_for_then_alerted() -> None:
+    """The first supervisor run after a start finds no status yet: a start, not a failure."""
+    starting = {**RUNNER, "driver_started_at": iso(40)}
+    d = decide(ControlView([], starting), NOW, P)
+    assert d.action == "wait" and "starting" in d.reasons[0]
+    # The status of the driver that ran before the platform was stopped says nothing of this one.
+    stale_earlier = job(state="running", updated_at=iso(900), last_batch_time=iso(900))
+    assert decide(ControlView([stale_earlier], starting), NOW, P).action == "wait"
+    # Past the grace, silence is an alert that says how long it has been.
+    silent = {**RUNNER, "driver_started_at": iso(P.start_grace_s + 60)}
+    d = decide(ControlView([], silent), NOW, P)
+    assert d.action == "alert" and f"{P.start_grace_s + 60:.0f}s after its driver started" in d.reasons[0]
+    # Without a start time (an older runner) nothing changes: no status is an alert.
+    assert decide(ControlView([], RUNNER), NOW, P).action == "alert"

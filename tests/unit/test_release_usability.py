@@ -107,8 +107,9 @@ def test_the_start_banner_says_which_repository_and_branch_are_released_and_how_
 
 
 def test_the_first_release_compares_with_what_rulectl_up_published(tmp_path: Path) -> None:
-    """`rulectl up` records its start-up publication, so the first approval page names a
-    last published commit instead of "none recorded"."""
+    """`rulectl up` records its bootstrap of the empty topic, so the first approval page
+    names a last published commit instead of "none recorded"."""
+    from spark_jobs.lifecycle.bootstrap import start_rules
     from spark_jobs.lifecycle.release import detect_candidate
     from spark_jobs.lifecycle.settings import LifecycleSettings
 
@@ -120,9 +121,10 @@ def test_the_first_release_compares_with_what_rulectl_up_published(tmp_path: Pat
     _git(repo, "commit", "-q", "-m", "rules")
     started = _git(repo, "rev-parse", "HEAD")
     paths = up.Paths(tmp_path / "var")
-    rec = up.record_bootstrap(paths, started, {"rapid_clicks": "1"}, repo / "rules")
-    assert rec is not None and rec["bootstrap"] is True and rec["approved_by"] is None
-    assert up.record_bootstrap(paths, started, {"rapid_clicks": "1"}, repo / "rules") is None  # once per workdir
+    topic: dict[str, dict] = {}
+    out = start_rules(repo / "rules", up.audit_dir(paths), lambda: dict(topic), lambda rules, commit: [r.rule_id for r in rules])
+    assert out.bootstrapped and out.record is not None
+    assert out.record["bootstrap"] is True and out.record["approved_by"] is None and out.record["commit"] == started
     # The author changes the rule; the release DAG (same audit folder) compares with the start commit.
     path = repo / "rules" / "rapid_clicks.yaml"
     path.write_text(path.read_text().replace("threshold: 10", "threshold: 9"))
