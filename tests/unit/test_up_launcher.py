@@ -200,6 +200,40 @@ def test_the_banner_names_the_users_and_the_file_but_never_a_password(tmp_path: 
     assert all(name in text for name in ("author", "approver", "viewer", "operator"))
 
 
+def test_the_watch_command_names_this_rulectl_and_the_credentials_file(tmp_path: Path) -> None:
+    import shlex
+
+    paths = up.Paths(tmp_path / "my var")
+    secure = build_parser().parse_args(["up", "--workdir", str(paths.workdir)])
+    words = shlex.split(up.watch_command(secure, paths, "127.0.0.1:19092", "events.processed"))
+    assert words[0] == f"KAFKA_CREDENTIALS_FILE={paths.kafka_credentials_file}"
+    assert Path(words[1]).is_absolute() and Path(words[1]).name in ("rulectl", Path(sys.executable).name)
+    assert words[-4:] == ["tail", "events.processed", "--bootstrap", "127.0.0.1:19092"]
+    insecure = build_parser().parse_args(["up", "--insecure"])
+    assert "KAFKA_CREDENTIALS_FILE" not in up.watch_command(insecure, paths, "127.0.0.1:9092", "events.processed")
+
+
+def test_rulectl_finds_the_local_platforms_credentials_unless_told_otherwise(tmp_path: Path, monkeypatch) -> None:
+    import json
+
+    from spark_jobs.kafka import client_config
+
+    creds = tmp_path / "var" / "kafka-credentials.json"
+    creds.parent.mkdir()
+    creds.write_text("{}")
+    (tmp_path / "var" / "platform.json").write_text(json.dumps({"kafka_credentials_file": str(creds)}))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(client_config.CREDENTIALS_ENV, raising=False)
+    monkeypatch.delenv(client_config.PLATFORM_STATE_ENV, raising=False)
+    assert client_config.adopt_platform_credentials() == str(creds)
+    assert os.environ[client_config.CREDENTIALS_ENV] == str(creds)
+    monkeypatch.setenv(client_config.CREDENTIALS_ENV, "/elsewhere.json")  # an explicit setting wins
+    assert client_config.adopt_platform_credentials() is None and os.environ[client_config.CREDENTIALS_ENV] == "/elsewhere.json"
+    monkeypatch.delenv(client_config.CREDENTIALS_ENV)
+    (tmp_path / "var" / "platform.json").write_text(json.dumps({"kafka_credentials_file": None}))  # --insecure
+    assert client_config.adopt_platform_credentials() is None and client_config.CREDENTIALS_ENV not in os.environ
+
+
 # ----------------------------------------------------------------------------- supervision
 
 
