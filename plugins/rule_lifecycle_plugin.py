@@ -4,7 +4,9 @@
 - a "Backtest report" tab on every DAG run page (external view, destination dag_run)
   and a "Backtest reports" entry in the navigation;
 - a "Backtest report" extra link on the approval and backtest tasks;
-- the four-eyes check on answers to the release approval (rule_lifecycle/four_eyes.py).
+- the four-eyes check on answers to the release approval (rule_lifecycle/four_eyes.py);
+- the params allow-list on every request that creates runs of a platform DAG
+  (rule_lifecycle/trigger_params.py).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from airflow.providers.standard.operators.hitl import ApprovalOperator
 from airflow.sdk import BaseOperatorLink
 from rule_lifecycle.four_eyes import FourEyesMiddleware
 from rule_lifecycle.operators import ReleaseApprovalOperator, RuleBacktestOperator
+from rule_lifecycle.trigger_params import TriggerParamsMiddleware
 from rule_lifecycle.views import app, report_href_template
 
 from spark_jobs.lifecycle.release import REPORT_URL_PREFIX, report_url
@@ -47,5 +50,8 @@ class RuleLifecyclePlugin(AirflowPlugin):
             "url_route": "backtest-reports",
         },
     ]
-    fastapi_root_middlewares = [{"middleware": FourEyesMiddleware, "name": "Four eyes on release approvals"}]
+    fastapi_root_middlewares = [
+        {"middleware": FourEyesMiddleware, "name": "Four eyes on release approvals"},
+        {"middleware": TriggerParamsMiddleware, "name": "Params allow-list at trigger time"},
+    ]
     operator_extra_links = [BacktestReportLink()]

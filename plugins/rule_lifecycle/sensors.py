@@ -17,8 +17,10 @@ class RulesCommitSensor(BaseSensorOperator):
     candidate: commit metadata, the base commit and the run's resolved settings.
 
     The run's params pass the allow-list (spark_jobs.lifecycle.params.ReleaseParams)
-    again here: Airflow already checked them against the same schema at trigger time,
-    but a run created another way (`airflow dags test -c`) must not slip past it.
+    again here: the api-server already refused a bad trigger, but a run created another
+    way (`airflow dags test -c`) must not slip past it. The check runs in `execute`,
+    before the sensor's poke loop: that loop turns a failure into a skip (`soft_fail`,
+    which an idle poll needs), and a refused run must fail, not read as "nothing new".
 
     :param commit: explicit commit id (templated), or empty to track the branch.
     """
@@ -29,18 +31,30 @@ class RulesCommitSensor(BaseSensorOperator):
     def __init__(self, *, commit: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.commit = commit
+        self._settings: Any = None
 
-    def poke(self, context: Any) -> PokeReturnValue:
+    @staticmethod
+    def _run_settings(context: Any) -> Any:
+        """The run's settings after the params allow-list; AirflowFailException if refused."""
         from airflow.providers.common.compat.sdk import AirflowFailException
 
         from spark_jobs.lifecycle.params import ParamsRejected, ReleaseParams
-        from spark_jobs.lifecycle.release import detect_candidate
         from spark_jobs.lifecycle.settings import run_settings
 
         try:
-            settings = run_settings(dict(context.get("params") or {}), ReleaseParams)
+            return run_settings(dict(context.get("params") or {}), ReleaseParams)
         except ParamsRejected as exc:
-            raise AirflowFailException(str(exc)) from None
+            raise AirflowFailException(f"{exc} (the run's params are an allow-list: spark_jobs/lifecycle/params.py)") from None
+
+    def execute(self, context: Any) -> Any:
+        # Outside BaseSensorOperator.execute's poke loop, so soft_fail cannot skip a refusal.
+        self._settings = self._run_settings(context)
+        return super().execute(context)
+
+    def poke(self, context: Any) -> PokeReturnValue:
+        from spark_jobs.lifecycle.release import detect_candidate
+
+        settings = self._settings if self._settings is not None else self._run_settings(context)
         commit = (self.commit or "").strip() or None
         if commit in ("None", "null"):
             commit = None

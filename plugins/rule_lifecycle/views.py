@@ -83,6 +83,8 @@ def _server_settings():  # type: ignore[no-untyped-def]
 
 def _report_root(dag_id: str, run_id: str) -> Path:
     """The run's report folder, derived from the settings and the DagRun row."""
+    if "\x00" in dag_id or "\x00" in run_id:  # no such run (and PostgreSQL refuses NUL in a query)
+        raise HTTPException(404, "Not found")
     from airflow.models.dagrun import DagRun
     from airflow.utils.session import create_session
     from sqlalchemy import select
@@ -99,8 +101,16 @@ def _report_root(dag_id: str, run_id: str) -> Path:
 
 
 def _safe_file(root: Path, rel: str) -> Path:
+    """`rel` inside `root`, or a 404: a path that leaves the folder, does not exist or
+    cannot name a file at all (a NUL byte, `%00` in the URL, makes the OS calls raise
+    ValueError, which would be a 500)."""
     base = root.resolve()
-    target = (base / rel).resolve()
+    if "\x00" in rel:
+        raise HTTPException(404, "Not found")
+    try:
+        target = (base / rel).resolve()
+    except (OSError, ValueError):
+        raise HTTPException(404, "Not found") from None
     if base != target and base not in target.parents:
         raise HTTPException(404, "Not found")
     if target.is_dir():

@@ -74,6 +74,14 @@ class ReportParams(BaseModel):
     settings: RunSettings = Field(default_factory=RunSettings)
 
 
+# The platform DAGs whose params are an allow-list, by dag_id. Airflow checks each
+# declared Param against its schema but accepts any *undeclared* top-level key as a
+# free-form param (SerializedParamsDict.deep_merge gives it an empty schema), so the
+# api-server refuses those itself (plugins/rule_lifecycle/trigger_params.py) with this
+# map, and the tasks check again with the same models.
+ALLOW_LISTS: dict[str, type[BaseModel]] = {"rule_release": ReleaseParams, "backtest_report": ReportParams}
+
+
 def _inline_refs(schema: dict) -> dict:
     """The model's JSON Schema with `$defs` inlined: each Param holds only its own
     property's schema, so a `$ref` into the model's `$defs` would dangle."""

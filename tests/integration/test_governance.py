@@ -43,6 +43,10 @@ def _runs(af: AirflowEnv, dag_id: str) -> list[str]:
         ("rule_release", {"commit": "--upload-pack=touch /tmp/pwned"}),
         ("backtest_report", {"settings": {"spark_conf": {"spark.driver.extraJavaOptions": "-Dx=1"}}}),
         ("backtest_report", {"settings": {"history_inputs": {"events.raw": "/etc/passwd"}}}),
+        # Undeclared top-level keys: Airflow's own Param check lets these through.
+        ("rule_release", {"spark_conf": {"spark.pyspark.python": "/bin/sh"}}),
+        ("rule_release", {"commit": "0123abcd", "history_root": "/"}),
+        ("backtest_report", {"spark_conf": {"spark.driver.extraJavaOptions": "-Dx=1"}}),
     ],
 )
 def test_params_outside_the_allow_list_are_refused_at_trigger(gov, dag_id: str, conf: dict) -> None:
@@ -51,6 +55,39 @@ def test_params_outside_the_allow_list_are_refused_at_trigger(gov, dag_id: str, 
     status, body = af.request("POST", f"/api/v2/dags/{dag_id}/dagRuns", {"logical_date": None, "conf": conf})
     assert status == 400, body[:500]
     assert _runs(af, dag_id) == before  # no run, so no task ran
+    # The refusal names the offending key (the last one given, or the first of `settings`).
+    key = list(conf)[-1]
+    if key == "settings":
+        key = next(iter(conf["settings"]))
+    assert key.encode() in body, body[:500]
+
+
+def test_a_backfill_with_params_outside_the_allow_list_is_refused(gov) -> None:
+    """A backfill creates runs with its `dag_run_conf`: the same allow-list applies."""
+    af, _ = gov
+    before = _runs(af, "rule_release")
+    body = {"dag_id": "rule_release", "from_date": "2026-01-02T00:00:00Z", "to_date": "2026-01-02T00:10:00Z",
+            "dag_run_conf": {"spark_conf": {"spark.pyspark.python": "/bin/sh"}}}
+    for path in ("/api/v2/backfills/dry_run", "/api/v2/backfills"):
+        status, raw = af.request("POST", path, body)
+        assert status == 400 and b"spark_conf" in raw, (path, status, raw[:500])
+    assert _runs(af, "rule_release") == before
+
+
+def test_a_run_created_with_refused_params_fails_loudly(gov) -> None:
+    """`airflow dags test -c` creates the run without the api-server: the first task
+    refuses the params and the run fails (not a soft-fail skip that reads as "nothing new")."""
+    af, _ = gov
+    conf = {"spark_conf": {"spark.pyspark.python": "/bin/sh"}}
+    run = af.start_dag_test("rule_release", conf=conf, log_name="refused-params")
+    run.wait(timeout=300)
+    dag_run = next(r for r in af.api("GET", "/dags/rule_release/dagRuns?order_by=-run_after&limit=20")["dag_runs"]
+                   if r.get("conf") == conf)
+    states = af.task_states("rule_release", dag_run["dag_run_id"])
+    assert states["detect_commit"] == "failed", (states, run.output()[-3000:])
+    assert dag_run["state"] == "failed", dag_run
+    assert "refused trigger params: spark_conf" in run.output(), run.output()[-3000:]
+    assert "soft_fail" not in run.output()
 
 
 def test_allowed_params_are_accepted(gov) -> None:
@@ -112,6 +149,21 @@ def test_report_view_serves_only_its_own_folder(planted_report: AirflowEnv) -> N
     for rel in ("etc/passwd", "passwd", "..%2F..%2F..%2Fetc%2Fpasswd"):
         status, body = af.request("GET", _report_path(rel=rel))
         assert status == 404 and b"root:" not in body, rel
+
+
+def test_report_view_answers_404_to_a_nul_byte(planted_report: AirflowEnv) -> None:
+    """`%00` names no file: a 404, not a 500 (the OS calls raise on a NUL byte, and
+    PostgreSQL refuses one in a query)."""
+    af = planted_report
+    for path in (
+        _report_path(rel="report.html%00.json"),
+        _report_path(rel="%00"),
+        _report_path(rel="data_docs/index.html%00"),
+        "/rule-reports/dags/rule_release/runs/gov-run-1%00/",
+        "/rule-reports/dags/rule_release/runs/gov-run-1%00/report.json",
+    ):
+        status, body = af.request("GET", path)
+        assert status == 404, (path, status, body[:300])
 
 
 def _csp(af: AirflowEnv, path: str) -> tuple[int, str]:
