@@ -66,6 +66,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"No release decision about {args.rule_id!r} in {audit_path(audit_dir)}")
         return 1
     for r in rows:
+        if r["event"] == "invalid":
+            print(_invalid_line(r))
+            continue
         prev = f" (was {r['previous_version']})" if r.get("previous_version") else " (new rule)"
         what = {
             "published": "published" if r.get("produced") else "approved (already live)",
@@ -83,3 +86,15 @@ def run(args: argparse.Namespace) -> int:
             line += f"  report sha256 {r['report_sha256'][:16]}"
         print(line)
     return 0
+
+
+def _invalid_line(r: dict) -> str:
+    """An invalid commit: it released no version, so the line says why it was refused
+    (file, field, reason of each error about the rule) instead of a version."""
+    errors = r.get("errors") or []
+    why = "; ".join(f"{e.get('file')}: field '{e.get('field')}': {e.get('reason')}" for e in errors)
+    line = (f"{r.get('at') or '?'}  INVALID commit {str(r.get('commit'))[:12]} (validation failed, nothing published): "
+            f"{why or r.get('reason') or 'no reason recorded'}")
+    if r.get("run_id"):
+        line += f"  [{r.get('dag_id')} {r['run_id']}]"
+    return line

@@ -125,12 +125,17 @@ def rule_history(records: Iterable[dict], rule_id: str) -> list[dict]:
     rows = []
     for rec in records:
         named = list(rec.get("rules") or [])
+        errors: list[dict] = []
         if rec.get("event") == "invalid" and not named:
-            # A rejected-by-validation attempt names the rule in its errors only.
-            for e in rec.get("errors") or []:
-                if e.get("rule_id") == rule_id or (not e.get("rule_id") and rule_id in str(e.get("file") or "")):
-                    named.append({"rule_id": rule_id, "version": None, "file": e.get("file")})
-                    break
+            # A rejected-by-validation attempt names the rule in its errors only; the
+            # row keeps those errors (file, field, reason): they are what happened.
+            errors = [
+                {k: e.get(k) for k in ("file", "field", "reason")}
+                for e in rec.get("errors") or []
+                if e.get("rule_id") == rule_id or (not e.get("rule_id") and rule_id in str(e.get("file") or ""))
+            ]
+            if errors:
+                named.append({"rule_id": rule_id, "version": None, "file": errors[0]["file"]})
         for r in named:
             if r.get("rule_id") != rule_id:
                 continue
@@ -153,6 +158,7 @@ def rule_history(records: Iterable[dict], rule_id: str) -> list[dict]:
                     "report_sha256": (rec.get("report_sha256") or {}).get("report.html"),
                     "authors": rec.get("authors") or [],
                     "reason": rec.get("reason"),
+                    "errors": errors,
                 }
             )
     return rows

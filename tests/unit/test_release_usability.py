@@ -149,3 +149,38 @@ def test_check_history_log_is_not_flooded_by_great_expectations() -> None:
     assert out.returncode == 0, out.stderr[-2000:]
     gx_lines = [line for line in out.stdout.splitlines() if line.startswith("great_expectations")]
     assert len(gx_lines) < 5, gx_lines[:10]
+
+
+def test_history_says_an_invalid_commit_was_invalid_and_why(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """An invalid commit released no version of the rule: the line says it was invalid
+    and why (file, field, reason), not `version None (new rule)`. The record is the one
+    validate_rules writes (event `invalid`, no rules, every error of the commit)."""
+    from spark_jobs.lifecycle.release import ValidationFailed
+
+    errors = [
+        {"file": "rules/rapid_clicks.yaml", "field": "window_unit", "reason": "Input should be 'seconds'",
+         "rule_id": "rapid_clicks"},
+        {"file": "rules/rapid_clicks.yaml", "field": "threshold", "reason": "Input should be a number",
+         "rule_id": "rapid_clicks"},
+        {"file": "rules/big_view.yaml", "field": "conditions", "reason": "List should have at least 1 item",
+         "rule_id": "big_view"},
+    ]
+    audit.append_record(tmp_path, {
+        "event": "invalid", "commit": "c" * 40, "reason": str(ValidationFailed(errors)), "rules": [],
+        "errors": errors, "dag_id": "rule_release", "run_id": "manual__1",
+    })
+    assert rulectl(["history", "rapid_clicks", "--audit-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1, out
+    line = out[0]
+    assert "INVALID" in line and "cccccccccccc" in line
+    assert "rules/rapid_clicks.yaml: field 'window_unit': Input should be 'seconds'" in line
+    assert "rules/rapid_clicks.yaml: field 'threshold': Input should be a number" in line
+    assert "big_view" not in line  # another rule's error is not this rule's history
+    assert "version None" not in line and "new rule" not in line
+    # The JSON rows carry the same errors.
+    assert rulectl(["history", "rapid_clicks", "--audit-dir", str(tmp_path), "--format", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert rows[0]["event"] == "invalid"
+    assert [(e["field"], e["reason"]) for e in rows[0]["errors"]] == [
+        ("window_unit", "Input should be 'seconds'"), ("threshold", "Input should be a number")]
