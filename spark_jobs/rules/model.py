@@ -1,4 +1,4 @@
-"""The rule language of DESIGN.md as pydantic models.
+"""The rule language (docs/rule-language.md) as pydantic models.
 
 These models are the single source of truth for what a rule is: `rulectl validate`,
 the JSON Schema in `rules/schema/rule.schema.json`, the publisher and both Spark jobs
@@ -96,30 +96,42 @@ class _Strict(BaseModel):
 class Condition(_Strict):
     """One `{field, operator, value}` test; a rule's conditions are ANDed."""
 
-    field: FieldPath
-    operator: Operator
-    value: ScalarValue
+    field: FieldPath = Field(
+        description="Dotted path of the event value to test (`type`, `user.id`); a missing value or JSON null "
+        "never matches.")
+    operator: Operator = Field(
+        description="Comparison: `==`, `!=`, `>`, `<`, `>=` or `<=`. A number and a numeric string compare as "
+        "numbers; the ordering operators never match a value that is not a number.")
+    value: ScalarValue = Field(
+        description="The value compared with: a string (up to 1,000 characters), a finite number or a boolean.")
 
 
 class MetricCondition(_Strict):
     """The single `{operator, value}` a correlation rule applies to its metric."""
 
-    operator: Operator
-    value: ScalarValue
+    operator: Operator = Field(description="Comparison of the metric with `value`: `==`, `!=`, `>`, `<`, `>=`, `<=`.")
+    value: ScalarValue = Field(
+        description="The value the metric is compared with; a number unless the metric is `direct` over `last` "
+        "context (then a string or boolean is compared by JSON value with `==`/`!=`).")
 
 
 class _RuleBase(_Strict):
-    rule_id: Annotated[str, Field(min_length=1, max_length=200, pattern=_RULE_ID.pattern)]
+    rule_id: Annotated[str, Field(min_length=1, max_length=200, pattern=_RULE_ID.pattern)] = Field(
+        description="Unique id of the rule across the rule set (letters, digits, `_`, `.`, `-`); the Kafka key "
+        "of its record on rules.active.")
     # YAML reads `version: 3` as an int; a version is an opaque label, so ints are
     # accepted and kept as their decimal string.
-    version: Annotated[str, Field(min_length=1, max_length=64)]
-    source_topic: TopicName
-    name: Text | None = None
-    description: Text | None = None
-    enabled: StrictBool = True
+    version: Annotated[str, Field(min_length=1, max_length=64)] = Field(
+        description="Version label; a higher version replaces the rule in the running job. Ordered like software "
+        "versions (`2` < `10`, `1.9` < `1.10`); an integer is kept as its decimal string.")
+    source_topic: TopicName = Field(description="Kafka topic whose events the rule evaluates.")
+    name: Text | None = Field(None, description="Human-readable name; copied to detections as `rule_name`.")
+    description: Text | None = Field(None, description="Free text for people; not used by the engine.")
+    enabled: StrictBool = Field(True, description="false removes the rule from the running job.")
     tags: Annotated[list[Annotated[StrictStr, Field(max_length=100)]], Field(max_length=MAX_TAGS)] = Field(
-        default_factory=list)
-    owner: Annotated[str, Field(max_length=200)] | None = None
+        default_factory=list, description="Labels for people and reports (up to 50); not used by the engine.")
+    owner: Annotated[str, Field(max_length=200)] | None = Field(
+        None, description="Team or person responsible for the rule; not used by the engine.")
 
     @field_validator("version", mode="before")
     @classmethod
@@ -148,24 +160,47 @@ class _RuleBase(_Strict):
 
 
 class ThresholdRule(_RuleBase):
-    rule_type: Literal["threshold"]
-    conditions: Annotated[list[Condition], Field(min_length=1, max_length=MAX_CONDITIONS)]
+    """Stateless: every event of `source_topic` that passes all conditions is a detection."""
+
+    rule_type: Literal["threshold"] = Field(description="`threshold`: a stateless test of each event.")
+    conditions: Annotated[list[Condition], Field(min_length=1, max_length=MAX_CONDITIONS)] = Field(
+        description="One to 50 conditions, ANDed.")
 
 
 class VelocityRule(_RuleBase):
-    rule_type: Literal["velocity"]
-    window_size: PositiveNumber
-    window_unit: WindowUnit
-    aggregation_type: AggregationType
-    threshold: Number
-    group_by: FieldPath | None = None
-    aggregation_field: FieldPath | None = None
-    conditions: Annotated[list[Condition], Field(max_length=MAX_CONDITIONS)] = Field(default_factory=list)
-    emit_mode: Literal["last_event", "all_events"] = "last_event"
-    time_mode: Literal["processing_time", "event_time"] = "processing_time"
-    timestamp_field: FieldPath | None = None
-    watermark_delay: WatermarkDelay = DEFAULT_WATERMARK_DELAY_S
-    emit_to_sink: StrictBool = True
+    """A sliding window per key, evaluated at every event that enters it."""
+
+    rule_type: Literal["velocity"] = Field(description="`velocity`: an aggregate over a sliding window per key.")
+    window_size: PositiveNumber = Field(
+        description="Window length in `window_unit`; the window at an event at time t holds the key's events "
+        "with time in (t - window, t]. From 1 ms to 366 days.")
+    window_unit: WindowUnit = Field(description="Unit of `window_size`: seconds, minutes, hours or days.")
+    aggregation_type: AggregationType = Field(
+        description="Aggregate over the window: count, sum, avg, min, max or distinct_count.")
+    threshold: Number = Field(description="The rule fires when the aggregate is at or above this value.")
+    group_by: FieldPath | None = Field(
+        None, description="Dotted path of the key (compared by JSON value); absent: one global window per rule. "
+        "An event without the value does not enter the window.")
+    aggregation_field: FieldPath | None = Field(
+        None, description="Dotted path of the aggregated value; required for every aggregation but count. An "
+        "event without the value (or, for sum/avg/min/max, without a numeric one) does not enter the window.")
+    conditions: Annotated[list[Condition], Field(max_length=MAX_CONDITIONS)] = Field(
+        default_factory=list, description="Pre-filter, ANDed: only events passing all of them enter the window.")
+    emit_mode: Literal["last_event", "all_events"] = Field(
+        "last_event", description="`last_event`: emit once per crossing (at or above the threshold now, below "
+        "or no previous evaluation in the window before); `all_events`: emit every event at which the aggregate "
+        "is at or above the threshold.")
+    time_mode: Literal["processing_time", "event_time"] = Field(
+        "processing_time", description="`processing_time`: the record's broker timestamp (live) or the "
+        "backtest's processing time; `event_time`: the event's `timestamp_field`, under the job watermark.")
+    timestamp_field: FieldPath | None = Field(
+        None, description="Dotted path of the event time (ISO-8601 or epoch); required for event_time.")
+    watermark_delay: WatermarkDelay = Field(
+        DEFAULT_WATERMARK_DELAY_S, description="Seconds of out-of-orderness tolerated (event_time only; 0 to 7 "
+        "days); the job watermark is the maximum over its rules.")
+    emit_to_sink: StrictBool = Field(
+        True, description="false: emits go only to the correlation rules that name this rule in "
+        "`velocity_filter_rule_id`, never to the sink.")
 
     @model_validator(mode="after")
     def _required_together(self) -> VelocityRule:
@@ -189,24 +224,48 @@ class VelocityRule(_RuleBase):
 
 
 class CorrelationRule(_RuleBase):
-    rule_type: Literal["correlation"]
-    context_topic: TopicName
-    correlation_key: FieldPath
-    window_size: PositiveNumber
-    window_unit: WindowUnit
-    context_resolution: Literal["last", "mean", "mean_std"]
-    context_value_field: FieldPath
-    timestamp_field: FieldPath
-    condition: MetricCondition
-    metric: Literal["direct", "ratio_deviation", "difference", "z_score"] = "direct"
-    event_value_field: FieldPath | None = None
-    emit_mode: Literal["event", "context", "both"] = "both"
-    context_type_field: FieldPath | None = None
-    context_type_value: ScalarValue | None = None
-    velocity_filter_rule_id: Annotated[str, Field(max_length=200)] | None = None
-    max_context_age_seconds: Annotated[PositiveNumber, Field(le=MAX_WINDOW_MS // 1000)] | None = None
-    min_context_points: Annotated[StrictInt, Field(ge=1, le=1_000_000)] = 1
-    watermark_delay: WatermarkDelay = DEFAULT_WATERMARK_DELAY_S
+    """A primary event judged against context records of the same key."""
+
+    rule_type: Literal["correlation"] = Field(
+        description="`correlation`: a primary event compared with context of the same key.")
+    context_topic: TopicName = Field(description="Kafka topic of the context records.")
+    correlation_key: FieldPath = Field(
+        description="Dotted path of the key, read from primaries and context records alike; compared by JSON "
+        "value (1 and \"1\" differ).")
+    window_size: PositiveNumber = Field(
+        description="Lookback in `window_unit`: a primary at t sees context with time in [t - lookback, t]. "
+        "From 1 ms to 366 days.")
+    window_unit: WindowUnit = Field(description="Unit of `window_size`: seconds, minutes, hours or days.")
+    context_resolution: Literal["last", "mean", "mean_std"] = Field(
+        description="`last`: the latest context record at or before the primary; `mean` / `mean_std`: mean "
+        "(and population std) of the numeric context values in the lookback.")
+    context_value_field: FieldPath = Field(description="Dotted path of the value in a context record.")
+    timestamp_field: FieldPath = Field(
+        description="Dotted path of the event time, in primaries and context records alike (ISO-8601 or epoch).")
+    condition: MetricCondition = Field(description="The `{operator, value}` test applied to the metric.")
+    metric: Literal["direct", "ratio_deviation", "difference", "z_score"] = Field(
+        "direct", description="`direct`: the resolved context value; `ratio_deviation`: |event/context - 1|; "
+        "`difference`: event - context; `z_score`: (event - mean)/std, needs `mean_std`.")
+    event_value_field: FieldPath | None = Field(
+        None, description="Dotted path of the primary's value; required for every metric but direct.")
+    emit_mode: Literal["event", "context", "both"] = Field(
+        "both", description="`event`: the detection carries the event and the rule members; `context` and "
+        "`both`: also the `context` member (the context record used, or {mean, std, count}).")
+    context_type_field: FieldPath | None = Field(
+        None, description="With `context_type_value`: only context records whose value here equals it count.")
+    context_type_value: ScalarValue | None = Field(
+        None, description="The value `context_type_field` must equal (compared like `==`); set both or neither.")
+    velocity_filter_rule_id: Annotated[str, Field(max_length=200)] | None = Field(
+        None, description="Take primaries from the emits of this velocity rule (which must have "
+        "`emit_to_sink: false` and the same `source_topic`) instead of every event of `source_topic`.")
+    max_context_age_seconds: Annotated[PositiveNumber, Field(le=MAX_WINDOW_MS // 1000)] | None = Field(
+        None, description="Narrows the lookback: context older than this many seconds before the primary "
+        "is not used.")
+    min_context_points: Annotated[StrictInt, Field(ge=1, le=1_000_000)] = Field(
+        1, description="For `mean` / `mean_std`: fewest numeric context values needed for a decision.")
+    watermark_delay: WatermarkDelay = Field(
+        DEFAULT_WATERMARK_DELAY_S, description="Seconds of out-of-orderness tolerated (0 to 7 days); the job "
+        "watermark is the maximum over its rules.")
 
     @model_validator(mode="after")
     def _required_together(self) -> CorrelationRule:
@@ -288,7 +347,7 @@ def rule_json_schema() -> dict:
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "Detection rule"
     schema["description"] = (
-        "A threshold, velocity or correlation rule (see DESIGN.md). Generated from "
+        "A threshold, velocity or correlation rule (see docs/rule-language.md). Generated from "
         "spark_jobs.rules.model by `rulectl schema`; do not edit by hand."
     )
     return schema
