@@ -14,7 +14,7 @@ import json
 import logging
 import re
 import shutil
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from pathlib import Path
 
@@ -450,6 +450,7 @@ def build_release_report(
     url = report_url(dag_id, run_id, base_url)
     checksums = report_checksums(plan["report_dir"])
     report["authors"] = list(candidate.get("authors") or [])
+    report["watermark"] = watermark_change(live_rules, rules, changed)
     return {
         **paths,
         "dir": plan["report_dir"],
@@ -510,6 +511,83 @@ def report_checksums(report_dir: str | Path) -> dict[str, str]:
     return out
 
 
+def _parsed(docs: Iterable[Mapping]) -> list[AnyRule]:
+    """The rule documents the engine can load (a live document it cannot parse adds
+    nothing to the job's watermark: the job does not run it)."""
+    out = []
+    for d in docs:
+        try:
+            out.append(parse_rule(d))
+        except ValueError:
+            continue
+    return out
+
+
+def _watermark_contribution(rule: Mapping | None) -> float | None:
+    """The delay a rule document adds to the detection job's watermark (None: none)."""
+    parsed = _parsed([rule]) if rule is not None else []
+    return parsed[0].watermark_delay_s if parsed and parsed[0].enabled else None
+
+
+def watermark_change(
+    live_rules: Mapping[str, dict], candidate_rules: Mapping[str, dict], changed: list[str]
+) -> dict | None:
+    """What publishing `changed` does to the detection job's watermark delay, or None
+    when no changed rule touches it.
+
+    The job runs with one watermark delay, the largest of its enabled event-time rules'
+    (`job_watermark_delay_s`), fixed while it runs: when the published rules need
+    another, the job reports `restart_required` and the detection supervisor has its
+    runner restart it (spark_jobs/streaming/job.py StatusReporter, dags/
+    detection_supervisor.py); a rule's own delay may change without moving the job's.
+    Returns {"before", "after", "restart", "rules": [{"rule_id", "before", "after"}]}."""
+    from spark_jobs.rules.model import job_watermark_delay_s
+
+    published = {rid: live_rules.get(rid) for rid in changed}
+    after_set = {**live_rules, **{rid: candidate_rules[rid] for rid in changed}}
+    rules = []
+    for rid in changed:
+        was, will = _watermark_contribution(published[rid]), _watermark_contribution(candidate_rules[rid])
+        if was != will:
+            rules.append({"rule_id": rid, "before": was, "after": will})
+    before = job_watermark_delay_s(_parsed(live_rules.values()))
+    after = job_watermark_delay_s(_parsed(after_set.values()))
+    if not rules and before == after:
+        return None
+    return {"before": before, "after": after, "restart": before != after, "rules": rules}
+
+
+def _seconds(value: float | None) -> str:
+    return "none" if value is None else f"{value:g}s"
+
+
+def watermark_lines(change: Mapping | None) -> list[str]:
+    """The approval page's words on a watermark change (Markdown; rule ids as code)."""
+    if not change:
+        return []
+    rules = ", ".join(f"{md_code(r['rule_id'])} ({_seconds(r['before'])} → {_seconds(r['after'])})"
+                      for r in change["rules"])
+    if not change["restart"]:
+        return [
+            f"ℹ️ Watermark delay changes: {rules}. The detection job's watermark delay stays "
+            f"{_seconds(change['after'])} (the largest of the enabled event-time rules'), so the live job "
+            "keeps running.",
+            "",
+        ]
+    return [
+        f"⚠️ **Approving restarts the live detection job.** Its watermark delay (the largest of the enabled "
+        f"event-time rules') goes from {_seconds(change['before'])} to {_seconds(change['after'])} through "
+        f"{rules}. The job holds one watermark delay for as long as it runs, so once these rules are live "
+        "the detection supervisor (DAG `detection_supervisor`) has the job's runner restart it on its "
+        "checkpoint (with its `restart_enabled` off it alerts instead, and an operator restarts the job).",
+        "",
+        "**Detections pause while the job restarts**, for every rule, not only these: they resume when the "
+        "job's status reads `running` again (field `state` of the job's records on the `detect.status` "
+        "topic, `rulectl tail detect.status`; the supervisor's `confirm_restart` task waits for it).",
+        "",
+    ]
+
+
 def approval_body(report: dict, url: str, topic: str, checksums: Mapping[str, str] | None = None) -> str:
     """Markdown for the approval page: what changes, what it would have caught, the diff.
 
@@ -538,6 +616,7 @@ def approval_body(report: dict, url: str, topic: str, checksums: Mapping[str, st
             f"not eligible: {', '.join(md_code(a) for a in authors)}.",
             "",
         ]
+    lines += watermark_lines(report.get("watermark"))
     if checksums and checksums.get("report.html"):
         lines += [f"Report checksum (SHA-256 of report.html): {md_code(checksums['report.html'])}", ""]
     for m in report.get("marks", []):
