@@ -1,6 +1,7 @@
 """The Spark session the jobs use, with settings that matter for correctness.
 
-UTC session time zone: ISO timestamps without an offset are UTC (DESIGN.md).
+UTC session time zone: ISO timestamps without an offset are UTC (docs/rule-language.md,
+"Timestamps").
 PYSPARK_PYTHON: workers must run the project's interpreter, or they miss
 pandas/pyarrow/protobuf that transformWithState needs.
 spark.jars: Spark's own Kafka connector and Delta Lake, resolved by Maven
@@ -32,11 +33,11 @@ JVM_OPTIONS = "-XX:-DontCompileHugeMethods"
 # Batch work (backtests, the Spark Connect server and the spark-submit that run them,
 # the archive's maintenance and quality checks) runs on HotSpot's throughput collector.
 # A backtest is CPU-bound on two cores, and G1 (the JVM's default) spends some of them
-# on its write barriers and concurrent threads: warm backtests on the parallel collector
-# took 4.0-4.3 s against G1's 4.4-4.7 s at 200k events, 11.0-12.8 s against 12.2-14.3 s
-# at 1M (README, machine U). The streaming jobs (detection, archive) keep G1, whose
-# pauses stay short as their state and heap grow; a full collection of the throughput
-# collector would stop a micro-batch for as long as the old generation takes to mark.
+# on its write barriers and concurrent threads: warm backtests ran faster on the
+# parallel collector (bench_backtest.py, docs/benchmarks.md). The streaming jobs
+# (detection, archive) keep G1, whose pauses stay short as their state and heap grow;
+# a full collection of the throughput collector would stop a micro-batch for as long
+# as the old generation takes to mark.
 BATCH_GC = "-XX:+UseParallelGC"
 _CHOSEN_GC = re.compile(r"-XX:\+Use\w*GC\b")
 
@@ -58,9 +59,9 @@ def jvm_options(conf: dict[str, str], streaming: bool = False) -> dict[str, str]
 #
 # snapshotPartitions: Delta keeps a table's state (one row per data file) cached in 50
 # partitions by default, and every read of the archive lists the files of its window
-# with a Spark job over that state: 50 tasks of a few rows each, 0.74 s of a warm
-# 200k-event backtest on two cores, before any event is read. In 2 partitions the same
-# job took 0.06 s (README, machine O). The archive's state stays small (compacted and
+# with a Spark job over that state: 50 tasks of a few rows each, a noticeable serial
+# cost of a warm backtest on two cores before any event is read; 2 partitions make it
+# a small one. The archive's state stays small (compacted and
 # vacuumed daily, `archive_maintenance`); a table of millions of files would want more
 # (the settings' `spark_conf`, or `extra` here, overrides it).
 DELTA_CONF = {

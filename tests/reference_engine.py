@@ -1,7 +1,7 @@
 """An independent, deliberately naive reference evaluator of the rule language.
 
 It exists only to be compared against the Spark engine in property tests. It reads
-DESIGN.md ("Rule language", "Fine points", "Detection record") literally and favours
+docs/rule-language.md (the rule kinds, "Values, paths and comparisons", "Timestamps") literally and favours
 obviousness over speed: every window and every context lookup is recomputed from scratch
 (O(n^2) per rule), there is no state, no watermark and no wall clock.
 
@@ -108,8 +108,8 @@ _ASCII_WHITESPACE = " \t\n\r\f\v"
 def parse_number(value: Any) -> float | None:
     """The value as a float when it is a number or a numeric string, else None.
 
-    Booleans are not numbers. Only finite numbers count (DESIGN.md's numeric rule as the
-    README states it): json.loads turns an overflowing literal such as 1e400 into inf,
+    Booleans are not numbers. Only finite numbers count (docs/rule-language.md, "Values, paths and
+    comparisons"): json.loads turns an overflowing literal such as 1e400 into inf,
     and an int too large for a double overflows; neither is a number a rule can use.
     """
     if isinstance(value, bool):
@@ -280,7 +280,8 @@ def _evaluate_velocity(
         if ts is None:
             continue
         value: Any = None
-        # CHOICE (DESIGN.md, Fine points): an event lacking the rule's aggregation_field
+        # CHOICE (docs/rule-language.md, velocity "What enters the window"): an event
+        # lacking the rule's aggregation_field
         # does not enter the window, even for `count` when the (optional) field is set.
         if rule.aggregation_field is not None:
             raw_value = get_path(obj, rule.aggregation_field)
@@ -304,7 +305,7 @@ def _evaluate_velocity(
             value = _aggregate(rule.aggregation_type, [e.value for e in window])
             at_or_above = value >= rule.threshold
             if len(window) == 1:
-                previous = None  # the window had emptied: a new episode (README, last_event)
+                previous = None  # the window had emptied: a new episode (docs/rule-language.md, emit_mode)
             if rule.emit_mode == "all_events":
                 fire = at_or_above
             else:  # last_event: one emit per crossing observed at an event

@@ -43,11 +43,10 @@ SEQ_SHIFT = 40
 # Parquet row groups of the archive's files, in bytes as Parquet's writer buffers them
 # (~5.5 MB on disk for the benchmark's events). Spark splits a Parquet scan by row
 # group, so a window is read by as many tasks as it has row groups. At Parquet's default
-# (128 MB), a 1M-event hour compacted by OPTIMIZE was one 60 MB file of one row group:
-# one task read it while the other core waited, and a warm 1M-event backtest took
-# 13.2-13.4 s against 11.4 s over the same events compacted in 8 MB row groups (11 of
-# them; runs 4-6, README, machine V). Smaller groups also give the window's time bounds
-# finer statistics to skip by.
+# (128 MB), a 1M-event hour compacted by OPTIMIZE was one file of one row group: one
+# task read it while the other core waited, so a backtest over it was slower than over
+# the same events compacted in 8 MB row groups. Smaller groups also give the window's
+# time bounds finer statistics to skip by.
 ROW_GROUP_BYTES = 8 << 20
 
 
@@ -151,8 +150,7 @@ def read_window(
     # generated code of the stage that reads, filters and parses the records: with the
     # exact bounds, a window that moves (`--from -1h`, the DAGs' last N hours) made that
     # code new at every backtest, compiled again by Janino and then by the JIT, on a
-    # warm server too: a warm 200k-event backtest over a moving window took a median
-    # 4.54 s with the exact bounds as literals, 3.84 s as here (README, machine U).
+    # warm server too, which a backtest over a moving window paid every time.
     lo_h, hi_h = lo - lo % _HOUR_MS, hi + (-hi) % _HOUR_MS
     df = df.filter(
         (F.col("timestamp") >= F.timestamp_millis(F.lit(lo_h))) & (F.col("timestamp") < F.timestamp_millis(F.lit(hi_h)))

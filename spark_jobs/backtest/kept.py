@@ -2,19 +2,18 @@
 
 Every rule group, the dead letters and the summary read the parsed events, so they are
 computed once and kept. On a local master they are kept as a local checkpoint, not as
-a cached DataFrame, for two reasons measured on a warm session (README, machine V):
+a cached DataFrame, for two reasons:
 
 - a checkpoint is a leaf of every plan built over it. Over a cached DataFrame, each
   DataFrame step of the rules' planning is analyzed over the whole plan that made the
   events (the archive's scan, the window, the extraction of ~60 fields), once per
   branch that reads them; Spark's analyzer re-walks it at every step
-  (`DeduplicateRelations` alone was a fifth of the driver's planning time). Over the
-  leaf, planning a 62-rule set took 0.39-0.47 s instead of 0.55-0.76 s;
-- its blocks are the rows as the scan made them: no columnar batches to build. The scan
-  and keep of 200k events took 1.0-1.2 s instead of 1.35-1.5 s.
+  (`DeduplicateRelations` alone was a large share of the driver's planning time). Over
+  the leaf, the rules' planning does not walk the scan again;
+- its blocks are the rows as the scan made them: no columnar batches to build, so the
+  scan and keep of the events is cheaper.
 
-A warm 200k-event backtest went from a median 4.09 s to 3.28 s, 1M events from 13.3 s
-to 10.9 s (A/B in one JVM, alternating).
+Both shorten a warm backtest (bench_backtest.py, docs/benchmarks.md).
 
 A local checkpoint is not recomputed: were an executor lost, its blocks would be gone
 and the run would fail ("Checkpoint block ... not found"), where a cache recomputes
@@ -38,11 +37,9 @@ from pyspark.sql import DataFrame
 
 # As rows, not serialized: every rule group's stage, the dead letters and the summary
 # pass over the kept events (a dozen passes in the benchmark), and PySpark's
-# MEMORY_AND_DISK is the serialized level, so each pass deserialized every row again: a
-# filtered pass over 1M kept events took 0.21-0.28 s, 0.13-0.16 s over rows kept as
-# objects (422 MB for 1M benchmark events). A warm 1M-event backtest took a median 10.60 s
-# with serialized blocks, 8.97 s with these (A/B in one JVM, README, machine W). Past
-# memory they spill to disk: nothing is recomputed.
+# MEMORY_AND_DISK is the serialized level, so each pass deserialized every row again;
+# rows kept as objects are read without that, at the price of more memory (see
+# bench_backtest.py in docs/benchmarks.md). Past memory they spill to disk: nothing is recomputed.
 LEVEL = StorageLevel.MEMORY_AND_DISK_DESER
 
 

@@ -159,9 +159,9 @@ def _write_and_count(parsed: DataFrame, lines: DataFrame, result: EngineResult, 
       one text write, on the other core while the detections' task runs (the counts
       used to run before it, with that core idle during the sort and write).
 
-    A warm 1M-event backtest took a median 10.41 s this way, against 11.40 s writing
-    everything in one job behind the counts; 9.17 against 9.43 s once the caches held
-    rows as objects (A/Bs in one JVM, README, machine W).
+    Measured warm, this beat writing everything in one job behind the counts: the
+    second core no longer idles while the detections are sorted and written
+    (bench_backtest.py, docs/benchmarks.md).
 
     The counts aggregate the cached lines (read as two partitions: an aggregate of
     three short columns) and are written as a partition of the second job's output,

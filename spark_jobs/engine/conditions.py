@@ -1,6 +1,7 @@
 """Conditions (`{field, operator, value}`) compiled to Spark Column expressions.
 
-Semantics (DESIGN.md, "Fine points"): a missing field (or JSON null) never matches;
+Semantics (docs/rule-language.md, "Values, paths and comparisons"): a missing field
+(or JSON null) never matches;
 a number and a numeric string compare as numbers for every operator; ordering
 operators on non-numeric values never match; otherwise `==`/`!=` compare JSON values.
 """

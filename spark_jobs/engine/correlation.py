@@ -112,7 +112,8 @@ def _resolve(union: DataFrame, ctx: DataFrame, rule: CorrelationRule) -> DataFra
     # does (math.fsum / n); a DECIMAL division would round to its own scale.
     out = out.select("*", n.alias("ctx_count"),
                      F.when(n > 0, F.col("_sum").cast("double") / n.cast("double")).alias("ctx_num"))
-    # DESIGN.md: under `mean` and `mean_std` alike the detection's context is
+    # docs/rule-language.md ("The detection record"): under `mean` and `mean_std` alike
+    # the detection's context is
     # {mean, std, count} (the live job renders the same), so the std is computed for both.
     out = out.join(_std(ctx, lb), ["k", "_lo", "_hi"], "left")
     record = F.to_json(F.struct(F.col("ctx_num").alias("mean"), F.col("ctx_std").alias("std"), F.col("ctx_count").alias("count")))
@@ -138,9 +139,8 @@ def _std(ctx: DataFrame, lookback_ms: int) -> DataFrame:
 
     Derived from the primaries' window output (as before), it grouped the primaries by
     run and computed their window a second time for that; from the context alone it
-    reads no primary. Measured (README, machine P): best of an A/B in one JVM 9.46 s
-    against 10.05 s at 200k events, 28.8 s against 31.0 s at 1M, within the machine's
-    spread; the stages before the main one took as long either way.
+    reads no primary. In wall time the two were within a benchmark run's spread; the
+    gain is the work the primaries no longer cause.
     """
     lb = lookback_ms
     records = ctx.select("k", "ts_ms", "cnum", F.lit(False).alias("_probe"))

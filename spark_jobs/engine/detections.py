@@ -1,4 +1,4 @@
-"""Emits -> detection records (the sink contract of DESIGN.md).
+"""Emits -> detection records (the sink contract: docs/rule-language.md, "The detection record").
 
 A detection is the original event's JSON with the rule's members appended, so every
 field of the event survives byte for byte (nested objects, number formatting) without

@@ -16,10 +16,10 @@ Two ways to run the pass, with the same detections but for sums past DECIMAL(38,
   gateway to call the JVM pass): each rule's window an aggregate over its own
   qualifying rows (`CASE WHEN qualifies THEN value END`); rules with the same
   conditions and value share those columns and the window aggregates that do not
-  depend on the window's size (`_Shared`). Sums in DECIMAL(38,12) (README, Known
-  limits). In the benchmark's ten-rule group this was 27 window expressions in three
-  Window operators; the JVM pass made a warm 1M-event backtest 3.6 s faster (A/B
-  medians, README, machine T).
+  depend on the window's size (`_Shared`). Sums in DECIMAL(38,12)
+  (docs/rule-language.md, Limits). In the benchmark's ten-rule group this was 27
+  window expressions in three Window operators, which is why the JVM pass is the
+  default where it can run.
 
 In both, the window at an event at time t holds the key's qualifying events with
 timestamps in (t - W, t] that were taken at or before it; equal timestamps are taken

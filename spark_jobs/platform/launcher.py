@@ -255,7 +255,7 @@ def _reap_strays(procs: list[psutil.Process], force: threading.Event | None, gra
 
     An Airflow task runs in a session of its own (`airflow worker -- <id>`, and under it
     the task's Spark JVM): stopping `airflow standalone` and its group left a running
-    `archive_maintenance` task and its JVM behind (seen on machine P). psutil knows a
+    `archive_maintenance` task and its JVM behind. psutil knows a
     process by pid and start time, so a pid reused since the snapshot is left alone.
     """
     alive = []

@@ -1,6 +1,6 @@
 """Read backtest outputs and compare two of them (candidate vs published).
 
-Detection ids hash the rule *version* (DESIGN.md), so the candidate version of a rule
+Detection ids hash the rule *version* (docs/rule-language.md), so the candidate version of a rule
 never shares an id with the published version even when both flag the same event.
 Alerts are therefore matched first by detection_id (same version on both sides) and
 then by the event they were raised on (the detection minus the members the engine
@@ -19,7 +19,8 @@ from pathlib import Path
 
 from spark_jobs.report.timeparse import get_path, to_epoch_ms
 
-# Members the engine appends to the original event (the sink contract of DESIGN.md).
+# Members the engine appends to the original event (the sink contract:
+# docs/rule-language.md, "The detection record").
 DETECTION_MEMBERS = frozenset(
     {
         "rule_id",

@@ -1,6 +1,6 @@
 """Event-time helpers shared by the report and the data-quality checks.
 
-They follow DESIGN.md's timestamp rules exactly (ISO-8601 with offset or `Z`, UTC when
+They follow the timestamp rules of docs/rule-language.md exactly (ISO-8601 with offset or `Z`, UTC when
 no offset; epoch numbers in milliseconds above 1e11, else seconds) so that a plot or a
 quality check never disagrees with the engine about when an event happened.
 """

@@ -37,8 +37,8 @@ A rule change is a new plan: when the registry's snapshot changes, the query fin
 its batch in flight and restarts in this process on the same checkpoint (same query id,
 state and offsets kept), so the new rules judge the records from the next batch on.
 Only the watermark delay and the subscribed topics are fixed for the process
-(DESIGN.md); the status records them so a supervisor can restart the job when the
-rules need others.
+(docs/rule-language.md, "Order, the job watermark and late events"; docs/architecture.md);
+the status records them so a supervisor can restart the job when the rules need others.
 """
 
 from __future__ import annotations
@@ -476,8 +476,8 @@ def _chain(first: DataFrame, rows: list[RuleRow], buckets: int, defs_dir: str, o
     ROUTED_TOPIC with the velocity rule's id (`route_from`), which compiled.py's routed
     rule rows test; it has no broker time (`proc_ms` NULL) and is not judged late a
     second time. The emits of a velocity rule that no fed rule in force reads (disabled,
-    gone) enter no rule and go nowhere (DESIGN.md). Context records carry no watermark
-    of their own: the job's one watermark comes through the first operator (a second
+    gone) enter no rule and go nowhere (docs/rule-language.md, "Routing"). Context records
+    carry no watermark of their own: the job's one watermark comes through the first operator (a second
     one would hold the job's back, by Spark's min policy, whenever a context topic is
     quieter than the primaries').
     """
@@ -668,8 +668,8 @@ def _start_query(spark: SparkSession, cfg: DetectConfig, delay: float, topics: l
     text = read_snapshot(cfg.state_dir / "rules.json")
     rows = rows_of(json.loads(text), ROUTED_TOPIC, cfg.state_dir / RULE_DEFS)
     # One scan task per core: each task of the scan stage generates the code of the wide
-    # projections again (~110 ms of CPU), so more tasks than cores only add that
-    # (bench_detect, machine J: 20k/s 12.8k -> 13.4k events/s, 5k/s p99 9.0 -> 8.2 s).
+    # projections again, so more tasks than cores only add that work (bench_detect.py,
+    # docs/benchmarks.md).
     plan = build(spark, cfg, delay, topics, rows, key_buckets(cfg), min_partitions=_cores(spark),
                  quarantined=quarantine.active_ranges(), operator=keyed_operator(cfg))
     query = (

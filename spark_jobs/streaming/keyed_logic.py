@@ -8,7 +8,8 @@ The velocity window is held as columns (lists) sorted by event time: the process
 stores them as bytes and loads them without building an object per event, and sorted,
 an event's window is a range found by bisection instead of a filter over every entry.
 
-Live semantics (DESIGN.md "Order"): each event is judged on arrival against what its
+Live semantics (docs/rule-language.md, "Order, the job watermark and late events"):
+each event is judged on arrival against what its
 key has seen; within one micro-batch, rows are taken in (event time, arrival) order,
 which for input that arrives in event-time order per key is exactly the backtest's
 order, hence the same detections.

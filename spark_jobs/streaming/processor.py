@@ -127,7 +127,7 @@ OUTPUT_SCHEMA = StructType([
 OUTPUT_COLUMNS = [f.name for f in OUTPUT_SCHEMA.fields]
 
 # Velocity emits bound for correlation rules (`emit_to_sink: false`) never leave the job
-# (DESIGN.md): a second operator, chained behind this one in every plan (job.py
+# (docs/rule-language.md, "Routing"): a second operator, chained behind this one in every plan (job.py
 # `build`), judges them in the same micro-batch. Spark chains a stateful operator behind
 # another only when the first stamps each output row with an event time
 # (eventTimeColumnName) that is not behind its watermark: `et`, the row's own time or the

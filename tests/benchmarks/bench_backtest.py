@@ -132,8 +132,8 @@ def jvm_cpu_s(spark) -> float:
 
 def jit_s(spark) -> float:
     """Seconds HotSpot's JIT compilers have spent compiling in this JVM: on two cores,
-    what a "warm" run still pays while the JIT has not settled (README, machine R:
-    2.7-4.5 s of a 9-10 s run after 9-15 runs)."""
+    what a "warm" run still pays while the JIT has not settled, which can be a large
+    share of a run for many runs (docs/benchmarks.md)."""
     return spark.sparkContext._jvm.java.lang.management.ManagementFactory.getCompilationMXBean() \
         .getTotalCompilationTime() / 1000
 

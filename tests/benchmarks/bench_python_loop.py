@@ -20,7 +20,7 @@ What it does, in one process and one pass over the files:
   the backtest's load_rule_set calls) and the model's own window helpers (window_ms,
   lookback_ms);
 * each line is `json.loads`-ed once; conditions are compiled to Python closures with
-  DESIGN.md's comparison semantics (dotted paths, null = missing, numeric strings
+  the comparison semantics of docs/rule-language.md (dotted paths, null = missing, numeric strings
   compare as numbers, ordering on non-numbers never matches); identical velocity
   pre-filters are evaluated once per event;
 * threshold rules are routed by the value of their most common `field == "string"`

@@ -1,7 +1,8 @@
 """Hand-computed examples for the reference evaluator (tests/reference_engine.py).
 
 The reference is what the Spark engine's property tests are judged against, so it is
-itself pinned here on the seed articles' worked examples and on DESIGN.md's fine points.
+itself pinned here on the seed articles' worked examples and on the fine points of
+docs/rule-language.md.
 """
 
 from __future__ import annotations

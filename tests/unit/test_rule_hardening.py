@@ -1,7 +1,7 @@
 """What a producer can put on `rules.active` must never break the rule model or the
 registry that follows the topic: every record is either a rule or a reported problem.
 
-The oracles are written out here (limits from DESIGN.md and the README, version order
+The oracles are written out here (limits from docs/rule-language.md "Limits", version order
 by hand), never derived from the code under test.
 """
 

@@ -26,9 +26,9 @@ import org.apache.spark.sql.types.StructType;
  *
  * Spark's window functions need an expression per (rule, frame) and a frame per window
  * size; a ten-rule group was 27 window expressions in three Window operators, each
- * carrying every row's text through: at 1M events twice its floor's time, the largest
- * gap of the backtest to its floor (README, machine S). Here each event is read once,
- * and each rule it enters costs O(1) amortized (README, machine T: the A/B).
+ * carrying every row's text through: the largest gap of the backtest to a hand-written
+ * plan for the same rules (bench_backtest_floor.py, docs/benchmarks.md). Here each event is read once,
+ * and each rule it enters costs O(1) amortized.
  * State is bounded by the rows of one key's largest window (entries leave as the window
  * moves; the columns are compacted, not grown, while half of them are free).
  */

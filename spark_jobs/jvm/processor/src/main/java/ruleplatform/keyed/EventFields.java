@@ -32,9 +32,8 @@ import org.apache.spark.unsafe.types.VariantVal;
  * The same reads as Spark expressions cost more than anything else in a backtest's scan:
  * `try_variant_get(v, path, 'variant')` rebuilds the value as a new variant, `to_json`
  * creates a Jackson generator for every string, and a typed read builds a Literal and a
- * Cast per row. The eight fields of the benchmark's rules added 2.2 s to a warm 1M-event
- * scan on two cores that way, 0.8 s this way; a warm 1M-event backtest took a median
- * 7.48 s against 9.07 s (A/B in one JVM, README, machine W). Here the value is read in place,
+ * Cast per row, for every field of every event (bench_backtest.py measures the
+ * backtest; see docs/benchmarks.md). Here the value is read in place,
  * through Spark's own Variant class (its JSON text is Variant.toJson, the function
  * `to_json` calls), and everything after (numbers, numeric strings, timestamps) stays
  * the Spark expressions of values.py, so a rule reads exactly what it read before.
