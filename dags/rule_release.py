@@ -78,22 +78,26 @@ with DAG(
         soft_fail=True,
     )
 
-    @task
-    def claim_release(candidate: dict) -> list[str]:
-        """Take the commit; supersede pending releases of older commits of the branch and
-        end their runs (their approval fails, the run's note says by what), so they
-        never publish."""
+    @task.short_circuit
+    def claim_release(candidate: dict) -> bool:
+        """Take the commit, or stand down (the whole run skips) when another run holds it;
+        supersede pending releases of older commits of the branch and end their runs
+        (their approval fails, the run's note says by what), so they never publish."""
         dag_id, run_id = _run_ids()
-        older = release.claim_release(candidate, dag_id=dag_id, run_id=run_id)
+        claim = release.claim_release(candidate, dag_id=dag_id, run_id=run_id)
+        if not claim["claimed"]:
+            log.info("Commit %s is being released by run %s: nothing for this run to do.",
+                     candidate["short"], claim["held_by"])
+            return False
         api = AirflowApiHook()
-        for p in older:
+        for p in claim["superseded"]:
             note = f"Superseded by {candidate['short']} (run {run_id}): this run publishes nothing."
             log.warning("Run %s (commit %s) is superseded by %s", p["run_id"], p["commit"][:12], candidate["short"])
             if api.available():
                 api.end_run(p.get("dag_id") or dag_id, p["run_id"], note)
             else:
                 log.warning("No connection %s: run %s keeps waiting, but will not publish.", api.conn_id, p["run_id"])
-        return [p["run_id"] for p in older]
+        return True
 
     @task.short_circuit(ignore_downstream_trigger_rules=False)
     def not_superseded(candidate: dict) -> bool:
@@ -189,12 +193,18 @@ with DAG(
             )
             msg = f"Rejected by {who} at {outcome['at']}: {reason}. Nothing was published."
         log.info(msg)
-        # The run's note says the decision in the grid and the run list: a rejected
-        # release must not read as just another green run.
+        # The run's note says the decision (the grid marks runs with a note; the run's
+        # page and the API show it): a rejected release must not read as just another
+        # green run. Airflow 3.3 has no run state for "decided no" (a failed run would be
+        # red for a healthy decision), so the note is the mark; it needs the release
+        # service's API connection.
         note = ("REJECTED: " if not outcome["approved"] and by is None else "") + msg
         api = AirflowApiHook()
         if api.available():
             api.set_note(dag_id, run_id, note)
+        else:
+            log.warning("No connection %s: the run's note cannot say %r; the audit log has the decision.",
+                        api.conn_id, note[:200])
         return msg
 
     candidate = detect.output

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import fcntl
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -61,13 +61,38 @@ def append_record(audit_dir: Path | str, record: dict) -> dict:
     return rec
 
 
+def append_unless(audit_dir: Path | str, record: dict, conflict: Callable[[list[dict]], dict | None]) -> dict | None:
+    """Append `record` unless `conflict(records)` returns an existing record, which is
+    then returned instead (None: appended). The read and the append hold one lock, so
+    two runs that check at the same moment cannot both pass (two release runs polling
+    the same new commit: one claims it, the other stands down)."""
+    path = audit_path(audit_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a+", encoding="utf-8") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            fh.seek(0)
+            found = conflict(_parse(fh.read()))
+            if found is not None:
+                return found
+            fh.write(json.dumps({"recorded_at": now_iso(), **record}, sort_keys=True, default=str) + "\n")
+            fh.flush()
+            return None
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 def read_records(audit_dir: Path | str) -> list[dict]:
     """All records, oldest first; a torn last line (crash mid-write) is ignored."""
     path = audit_path(audit_dir)
     if not path.exists():
         return []
+    return _parse(path.read_text(encoding="utf-8"))
+
+
+def _parse(text: str) -> list[dict]:
     out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in text.splitlines():
         if not line.strip():
             continue
         try:
@@ -98,7 +123,11 @@ def processed_commits(audit_dir: Path | str) -> set[str]:
 
 def pending_runs(audit_dir: Path | str, repo: str | None = None, branch: str | None = None) -> list[dict]:
     """`detected` records of runs that have not reached a decision nor been superseded."""
-    records = read_records(audit_dir)
+    return pending_in(read_records(audit_dir), repo, branch)
+
+
+def pending_in(records: list[dict], repo: str | None = None, branch: str | None = None) -> list[dict]:
+    """`pending_runs` of records already read (inside `append_unless`'s lock)."""
     closed = {r.get("run_id") for r in records if r.get("event") in CLOSED_EVENTS}
     out: dict[str, dict] = {}
     for rec in records:

@@ -126,17 +126,35 @@ def settings_of(candidate: Mapping) -> LifecycleSettings:
 # --------------------------------------------------------------------------- supersede
 
 
-def claim_release(candidate: Mapping, *, dag_id: str, run_id: str) -> list[dict]:
-    """Record that this run releases its commit, and supersede the pending releases it
-    contains.
+def claim_release(candidate: Mapping, *, dag_id: str, run_id: str) -> dict:
+    """Claim the commit for this run, then supersede the pending releases it contains.
+
+    The claim (a `detected` record) and the check that no other pending run holds the
+    same commit happen under the audit's lock: two scheduled runs whose sensors saw the
+    same new commit would otherwise both ask for approval. The run that comes second
+    stands down (`claimed` False, `held_by` the other run).
 
     A pending run (detected, not decided) of the same repository and branch whose commit
     is an ancestor of this one is superseded: this release carries its changes too, so
     approving the older one would publish a state the branch has moved past, and waiting
     for it would block a hotfix. The `superseded` record is what keeps the older run
     from publishing (`check_not_superseded`); ending its approval in Airflow is the
-    DAG's job. Returns the superseded `detected` records."""
+    DAG's job. Returns {"claimed", "held_by", "superseded": the superseded `detected`
+    records}."""
     settings = settings_of(candidate)
+
+    def held(records: list[dict]) -> dict | None:
+        return next((p for p in audit.pending_in(records, settings.repo, settings.branch)
+                     if p.get("commit") == candidate["commit"] and p.get("run_id") != run_id), None)
+
+    holder = audit.append_unless(
+        settings.audit_dir,
+        {"event": "detected", "commit": candidate["commit"], "repo": candidate.get("repo"),
+         "branch": candidate.get("branch"), "dag_id": dag_id, "run_id": run_id, "rules": []},
+        held,
+    )
+    if holder is not None:
+        return {"claimed": False, "held_by": holder.get("run_id"), "superseded": []}
     mirror = settings.mirror_dir
     older = []
     for p in audit.pending_runs(settings.audit_dir, settings.repo, settings.branch):
@@ -160,12 +178,7 @@ def claim_release(candidate: Mapping, *, dag_id: str, run_id: str) -> list[dict]
                 "rules": [],
             },
         )
-    audit.append_record(
-        settings.audit_dir,
-        {"event": "detected", "commit": candidate["commit"], "repo": candidate.get("repo"),
-         "branch": candidate.get("branch"), "dag_id": dag_id, "run_id": run_id, "rules": []},
-    )
-    return older
+    return {"claimed": True, "held_by": run_id, "superseded": older}
 
 
 def record_failure(context: Mapping) -> None:
