@@ -4,8 +4,19 @@ Every answer to a human-in-the-loop step, from the UI's Required Actions page or
 REST API, is a `PATCH .../taskInstances/<task>/hitlDetails`. For the release DAG's
 approval step this middleware checks, before Airflow records the answer, that the
 responding user holds an approver role and did not author or commit any commit of the
-release (spark_jobs.lifecycle.governance); otherwise it answers 403 with the reason,
-which the UI shows.
+release (spark_jobs.lifecycle.governance); otherwise it refuses with the reason.
+
+How the refusal reads: an API client (bearer token) gets 403 `{"detail": reason}`. The
+UI (a browser session: the `_token` cookie, no Authorization header) would show no
+reason for a 403: Airflow 3.3's UI drops the body of every error status its generated
+client names (400, 403, 409, ...: the toast says "Forbidden" or, for 403, only the
+generic "Access Denied"), and prints the body only for a status it does not name
+("Generic Error: status: ...; body: {...}", the toast of the hitlDetails PATCH's
+`onError`). So a browser session gets `UI_REFUSAL_STATUS`, a client error no
+registry assigns, with the same body, and the approver reads the reason on screen.
+Airflow's UI offers the Approve/Reject buttons to everyone who can read the step
+(neither `assigned_users` nor permissions hide them in 3.3), which is why the reason
+must be readable there.
 
 Why here and not in the task: the user's e-mail and roles live in the auth manager's
 tables, which the api-server reads and task processes must not; and Airflow's own
@@ -24,6 +35,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+# 4xx (so the UI does not retry it) and absent from the status names of the UI's
+# generated OpenAPI client (`catchErrorCodes` in its request code; checked in the
+# bundle of the installed Airflow 3.3.2, airflow/ui/dist/assets/index-*.js).
+UI_REFUSAL_STATUS = 432
 RELEASE_DAG = "rule_release"
 APPROVAL_TASK = "approve"
 CANDIDATE_TASK = "detect_commit"
@@ -91,9 +106,11 @@ class FourEyesMiddleware:
         if scope["type"] == "http" and scope.get("method") == "PATCH":
             m = _HITL_PATH.search(scope.get("path", ""))
             if m and m["dag"] == RELEASE_DAG and m["task"] == APPROVAL_TASK:
-                reason = await self._check(Request(scope), m["dag"], m["run"])
+                request = Request(scope)
+                reason = await self._check(request, m["dag"], m["run"])
                 if reason is not None:
-                    await JSONResponse({"detail": reason}, status_code=403)(scope, receive, send)
+                    status = 403 if request.headers.get("authorization") else UI_REFUSAL_STATUS
+                    await JSONResponse({"detail": reason}, status_code=status)(scope, receive, send)
                     return
         await self.app(scope, receive, send)
 

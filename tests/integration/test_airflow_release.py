@@ -152,13 +152,22 @@ def _pending(af: AirflowEnv, detail: dict) -> bool:
     return not [d for d in details if d["task_instance"]["task_id"] == ti["task_id"]][0]["response_received"]
 
 
-def _try_to_approve_in_the_browser(browser: Chromium, af: AirflowEnv, detail: dict, user: str) -> str:
-    """Log in as `user`, open the approval, click Approve; returns the page text after."""
+def _try_to_approve_in_the_browser(
+    browser: Chromium, af: AirflowEnv, detail: dict, user: str, expect: str | None = None
+) -> str:
+    """Log in as `user`, open the approval, click Approve; returns the page text after
+    (once it shows `expect`, when given: the refusal arrives as a toast that fades)."""
     browser.login(af.base_url, user, USERS[user])
     browser.goto(_approval_url(af, detail))
     browser.wait_for("document.body.innerText.includes('Open the backtest report')", timeout=60)
     time.sleep(1.0)
     clicked = browser.click_button("Approve")
+    if clicked and expect is not None:
+        try:
+            return "[clicked] " + str(browser.wait_for(
+                f"document.body.innerText.includes({json.dumps(expect)}) && document.body.innerText", timeout=20))
+        except TimeoutError:
+            pass  # the caller's assertion shows what the page said instead
     time.sleep(3.0)
     return ("[clicked] " if clicked else "[no Approve button] ") + browser.text()
 
@@ -246,12 +255,19 @@ def test_release_waits_for_approval_then_publishes_exactly_the_changed_rule(rele
             # A viewer reads the report but cannot approve.
             browser.goto(f"{af.base_url}/rule-reports/dags/rule_release/runs/{run_id}/")
             assert "rapid_clicks" in browser.text()
-            said = _try_to_approve_in_the_browser(browser, af, detail, "bob")
+            # Airflow offers him the button all the same; his click is refused, and he
+            # reads why (the approval body's own "Four eyes" paragraph does not count).
+            bob_reason = "Four eyes: bob does not hold an approver role"
+            said = _try_to_approve_in_the_browser(browser, af, detail, "bob", expect=bob_reason)
             assert _pending(af, detail), said[:300]
+            assert said.startswith("[clicked]") and bob_reason in said, said[-2000:]
+            assert "only approvers decide a release" in said and "Access Denied" not in said, said[-2000:]
             # The author, an approver, clicks Approve and is refused, with the reason.
-            said = _try_to_approve_in_the_browser(browser, af, detail, "carol")
+            carol_reason = "Four eyes: carol <carol@example.com> authored or committed"
+            said = _try_to_approve_in_the_browser(browser, af, detail, "carol", expect=carol_reason)
             assert _pending(af, detail)
-            assert said.startswith("[clicked]") and "Four eyes" in said, said[-2000:]
+            assert said.startswith("[clicked]") and carol_reason in said, said[-2000:]
+            assert "another approver must decide it" in said and "Access Denied" not in said, said[-2000:]
             # Alice, an approver who wrote none of it, approves.
             said = _try_to_approve_in_the_browser(browser, af, detail, "alice")
             assert said.startswith("[clicked]"), said[-2000:]
@@ -368,9 +384,13 @@ def test_rejected_release_publishes_nothing(release: Release) -> None:
 
     last = read_records(release.audit_dir)[-1]
     assert last["event"] == "rejected" and last["decided_by"]["name"] == "alice"
-    # It reads as rejected at a glance: the run's note (grid, run list), not just green.
+    # It reads as rejected at a glance: the run's note (the grid marks it, the run page
+    # shows it), not just green. Set by the task through the release service's account,
+    # so it is read back here from Airflow itself: the run and the runs list.
     note = af.dag_run("rule_release", run_id).get("note") or ""
     assert note.startswith("REJECTED: Rejected by alice") and "too noisy on checkout pages" in note, note
+    listed = {r["dag_run_id"]: r for r in af.api("GET", "/dags/rule_release/dagRuns?limit=100")["dag_runs"]}
+    assert (listed[run_id].get("note") or "").startswith("REJECTED: "), listed[run_id]
     # ... and `rulectl history` of the rejected rule says so.
     from spark_jobs.lifecycle.audit import rule_history
 

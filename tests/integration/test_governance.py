@@ -296,3 +296,30 @@ def test_rulectl_up_provisions_one_demo_user_per_role(gov, tmp_path) -> None:
     for user, password in (("admin", "admin"), ("admin", "change-me")):
         with pytest.raises(Exception, match="401|403"):
             _login(af, user, password)
+
+
+def test_a_four_eyes_refusal_reaches_a_browser_session_with_a_status_the_ui_prints(run_with_evil_xcom) -> None:
+    """The UI (cookie session) drops the body of a 403 and shows "Access Denied"; it
+    prints the body of a status its client does not name. So a refused answer to the
+    release approval gets 403 on the API (bearer token) and UI_REFUSAL_STATUS in a
+    browser session, with the same reason. (The rendering itself: the Chromium part of
+    test_airflow_release.py.)"""
+    import urllib.error
+    import urllib.request
+
+    af, _ = run_with_evil_xcom
+    path = f"/api/v2/dags/rule_release/dagRuns/{RUN_ID}/taskInstances/approve/-1/hitlDetails"
+    body = {"chosen_options": ["Approve"], "params_input": {}}
+    status, raw = af.request("PATCH", path, body, user="bob")
+    assert status == 403 and b"Four eyes: bob does not hold an approver role" in raw, (status, raw[:300])
+    req = urllib.request.Request(
+        f"{af.base_url}{path}", data=json.dumps(body).encode(), method="PATCH",
+        headers={"Cookie": f"_token={af.token('bob')}", "Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            status, raw = resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        status, raw = exc.code, exc.read()
+    assert status == 432, (status, raw[:300])
+    assert json.loads(raw)["detail"].startswith("Four eyes: bob does not hold an approver role"), raw[:300]
