@@ -34,6 +34,9 @@ from spark_jobs.platform.identity import APPROVER, assigned_to_role
 
 log = logging.getLogger(__name__)
 POLL = timedelta(minutes=float(os.environ.get("RULE_RELEASE_POLL_MINUTES", "5")))
+# How often the sensor looks at the branch: the wait between a commit and its release
+# starting. A look is a `git fetch` of the tracked branch, so it can be frequent.
+POKE = timedelta(seconds=float(os.environ.get("RULE_RELEASE_POKE_SECONDS", "10")))
 
 
 def _setting(name: str) -> str:
@@ -69,11 +72,15 @@ with DAG(
     },
     doc_md=__doc__,
 ) as dag:
+    # Poke mode: one task process looks every POKE for the run's poll period. In
+    # reschedule mode every look would be a new task process (start-up and DAG parse
+    # cost more CPU than the git fetch itself), which kept the interval long and the
+    # commit waiting; one worker slot held per poll period is the cheaper price.
     detect = RulesCommitSensor(
         task_id="detect_commit",
         commit="{{ params.commit or '' }}",
-        mode="reschedule",
-        poke_interval=max(30.0, POLL.total_seconds() / 5),
+        mode="poke",
+        poke_interval=POKE.total_seconds(),
         timeout=POLL.total_seconds() * 0.9,
         soft_fail=True,
     )
@@ -126,34 +133,39 @@ with DAG(
         validation["to_publish"] = release.rules_to_publish(validation)
         return validation
 
-    @task.short_circuit
-    def has_changes(candidate: dict, validation: dict) -> bool:
-        """Stop here when the commit's rules are exactly the live ones."""
-        if validation["changed_rule_ids"]:
-            return True
+    # One task, not a `has_changes` short-circuit before it: every task is a process to
+    # start and a scheduler round to wait for, on the path of every release.
+    @task.short_circuit(multiple_outputs=True)
+    def plan_backtests(candidate: dict, validation: dict) -> dict:
+        """The window of history and the two backtests to run; no Spark here, so the
+        backtests and the quality check start together. Stops the run (nothing to
+        release) when the commit's rules are exactly the live ones."""
         dag_id, run_id = _run_ids()
-        log.info("Nothing to release: the rules at %s are what %s holds.", candidate["short"], candidate["settings"]["rules_topic"])
-        release.record_decision(candidate, validation, event="no_change", dag_id=dag_id, run_id=run_id, reason="no rule changed")
-        return False
-
-    @task(multiple_outputs=True)
-    def check_history(candidate: dict, validation: dict) -> dict:
-        """Window + slice of the event history, and its Great Expectations suite."""
-        dag_id, run_id = _run_ids()
+        if not validation["changed_rule_ids"]:
+            log.info("Nothing to release: the rules at %s are what %s holds.", candidate["short"], candidate["settings"]["rules_topic"])
+            release.record_decision(candidate, validation, event="no_change", dag_id=dag_id, run_id=run_id, reason="no rule changed")
+            return {}  # falsy: skips everything downstream
         plan = release.plan_release_backtests(candidate, validation, validation["live_rules"], dag_id=dag_id, run_id=run_id)
-        q = plan["quality"]
+        log.info("Window %s; backtests on %s", plan["window"], plan["candidate"]["remote"] or "a Spark of their own")
+        return {**plan, "settings": candidate["settings"]}
+
+    @task
+    def check_history(candidate: dict, validation: dict, plan: dict) -> dict:
+        """The history's Great Expectations suite (Data Docs next to the report), run
+        alongside the backtests: it reads the same window and decides nothing they need."""
+        q = release.check_release_history(candidate, validation, plan)
         (log.info if q["success"] else log.warning)(
             "History data quality %s (%s failed expectation(s)); window %s",
             "passed" if q["success"] else "FAILED",
             q["failed_expectations"],
             plan["window"],
         )
-        return {**plan, "settings": candidate["settings"]}
+        return q
 
     # Not NONE_FAILED: an idle poll skips every task before this one, and a task that
     # ran on skipped inputs would fail on their missing XComs (a red run for no reason).
     @task(trigger_rule=TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS)
-    def build_report(candidate: dict, validation: dict, plan: dict) -> dict:
+    def build_report(candidate: dict, validation: dict, plan: dict, quality: dict) -> dict:
         """report.html + report.json, and the approval page text."""
         from airflow.configuration import conf
 
@@ -162,7 +174,8 @@ with DAG(
         from urllib.parse import urlparse
 
         result = release.build_release_report(
-            candidate, validation, plan, validation["live_rules"], dag_id=dag_id, run_id=run_id, base_url=urlparse(base_url).path
+            candidate, validation, release.with_quality(plan, quality), validation["live_rules"],
+            dag_id=dag_id, run_id=run_id, base_url=urlparse(base_url).path,
         )
         get_current_context()["ti"].xcom_push(key=release.REPORT_XCOM_KEY, value=result)
         log.info("Report: %s (served at %s)", result["html"], result["url"])
@@ -211,16 +224,15 @@ with DAG(
     claim = claim_release(candidate)
     validation = validate_rules(candidate)
     claim >> validation
-    go = has_changes(candidate, validation)
-    plan = check_history(candidate, validation)
-    go >> plan
+    plan = plan_backtests(candidate, validation)
+    quality = check_history(candidate, validation, plan)
     bt_candidate = RuleBacktestOperator(
         task_id="backtest_candidate", backtest=plan["candidate"], inputs=plan["inputs"], settings=plan["settings"]
     )
     bt_published = RuleBacktestOperator(
         task_id="backtest_published", backtest=plan["published"], inputs=plan["inputs"], settings=plan["settings"]
     )
-    report = build_report(candidate, validation, plan)
+    report = build_report(candidate, validation, plan, quality)
     [bt_candidate, bt_published] >> report
     approve = ReleaseApprovalOperator(
         task_id="approve",

@@ -90,6 +90,10 @@ DEFAULT_CONNECT_PORT = 15002
 def remote_session(url: str) -> SparkSession:
     """A Spark Connect session on a running server (`rulectl connect`): no JVM start-up
     here, and the server's JIT is already warm (README: a backtest's fixed cost)."""
+    # Under spark-submit (the release's backtest operator) $MASTER names the launcher's
+    # own master; a Connect client has none, and PySpark refuses a master and a remote
+    # together.
+    os.environ.pop("MASTER", None)
     return SparkSession.builder.remote(url).getOrCreate()
 
 

@@ -278,12 +278,22 @@ def prepare_history(
 ) -> dict:
     """Window, slice and quality-check the history for a set of rules: the event
     archive's last `archive_lookback_hours` when the settings ask for it (or, with
-    `history_source` "auto", when the table exists), else `history_inputs` files."""
-    from spark_jobs.quality import run_quality
+    `history_source` "auto", when the table exists), else `history_inputs` files.
+    `plan_history` then `check_history` in one call (the scheduled report); the release
+    runs the check alongside its backtests instead."""
+    history = plan_history(settings, rules, work=work, interval_end=interval_end)
+    return with_quality(history, check_history(settings, rules, history, data_docs_dir=data_docs_dir))
 
+
+def plan_history(
+    settings: LifecycleSettings, rules: Mapping[str, dict], *, work: Path, interval_end: datetime | None = None
+) -> dict:
+    """The window of history the backtests read and where it is: the archive's window
+    (nothing to read for that) or the window's slices of the `history_inputs` files.
+    No Spark here, so the backtests and the quality check can start together."""
     rule_objs = _rules(rules)
     if use_archive(settings):
-        return _prepare_archive(settings, rule_objs, data_docs_dir=data_docs_dir, interval_end=interval_end)
+        return _archive_plan(settings, rule_objs, interval_end=interval_end)
     inputs = dict(settings.history_inputs)
     missing = [f"{t}={p}" for t, p in inputs.items() if not Path(p).exists()]
     if missing:
@@ -299,16 +309,41 @@ def prepare_history(
     sliced = slice_inputs(
         inputs, rule_objs, window, work / "history", time_field=settings.time_field, enabled=settings.history_slice
     )
-    backtest_inputs = {t: s["path"] for t, s in sliced.items()}
+    return {
+        "window": window.to_dict(),
+        "window_ms": {t: list(w) for t, w in window.per_topic.items()},
+        "inputs": {t: s["path"] for t, s in sliced.items()},
+        "slices": sliced,
+    }
+
+
+def check_history(settings: LifecycleSettings, rules: Mapping[str, dict], history: Mapping, *, data_docs_dir: Path) -> dict:
+    """The Great Expectations result (and Data Docs) of a planned history
+    (`plan_history`): on Spark over the archive's window, else pandas over the slices."""
+    from spark_jobs.quality import run_quality
+
+    rule_objs = _rules(rules)
     shutil.rmtree(data_docs_dir, ignore_errors=True)
-    quality = run_quality(
-        backtest_inputs,
+    archive = history["inputs"].get(ARCHIVE_INPUT)
+    if archive is not None:
+        return _archive_quality(settings, rule_objs, archive, data_docs_dir=data_docs_dir)
+    return run_quality(
+        history["inputs"],
         rule_objs,
         time_field=settings.time_field,
-        window_ms=window.per_topic,
+        window_ms={t: (int(a), int(b)) for t, (a, b) in (history.get("window_ms") or {}).items()},
         data_docs_dir=data_docs_dir,
     )
-    return {"window": window.to_dict(), "inputs": backtest_inputs, "slices": sliced, "quality": quality}
+
+
+def with_quality(history: Mapping, quality: Mapping) -> dict:
+    """A planned history with its quality result; an archive slice takes its record
+    count from the check (the one pass that reads the window in full)."""
+    slices = {}
+    for t, s in (history.get("slices") or {}).items():
+        counted = ((quality.get("topics") or {}).get(t) or {}).get("records")
+        slices[t] = {**s, "records": counted} if s.get("records") is None and counted is not None else dict(s)
+    return {**history, "slices": slices, "quality": dict(quality)}
 
 
 # The key of a plan's `inputs` that names an archive window instead of topic files (no
@@ -326,35 +361,61 @@ def use_archive(settings: LifecycleSettings) -> bool:
     return there
 
 
-def _prepare_archive(
-    settings: LifecycleSettings, rules: list[AnyRule], *, data_docs_dir: Path, interval_end: datetime | None
-) -> dict:
-    """The archive's window [end - archive_lookback_hours, end) by broker timestamp,
-    checked by Great Expectations on Spark; the backtest reads the same window."""
-    from datetime import UTC, timedelta
+def _rule_topics(rules: list[AnyRule]) -> list[str]:
+    return sorted({r.source_topic for r in rules} | {getattr(r, "context_topic", None) for r in rules} - {None})
 
-    from spark_jobs.archive.table import engine_input, read_window
-    from spark_jobs.engine.events import with_reasons
-    from spark_jobs.quality.spark_runner import run_quality_spark
-    from spark_jobs.spark import session
+
+def _archive_plan(settings: LifecycleSettings, rules: list[AnyRule], *, interval_end: datetime | None) -> dict:
+    """The archive's window [end - archive_lookback_hours, end) by broker timestamp;
+    the backtests and the quality check read the same window."""
+    from datetime import UTC, timedelta
 
     end = (interval_end or datetime.now(UTC)).astimezone(UTC)
     start = end - timedelta(hours=settings.archive_lookback_hours)
-    topics = sorted({r.source_topic for r in rules} | {getattr(r, "context_topic", None) for r in rules} - {None})
-    spark = session("history-quality", master=settings.spark_master, extra=settings.spark_conf)
-    rows = with_reasons(engine_input(read_window(spark, settings.archive_table, start, end, topics)))
-    frames = {t: rows.filter(rows.topic == t) for t in topics}
-    shutil.rmtree(data_docs_dir, ignore_errors=True)
-    quality = run_quality_spark(frames, rules, time_field=settings.time_field, data_docs_dir=data_docs_dir,
-                                source=settings.archive_table)
+    topics = _rule_topics(rules)
     start_iso = start.isoformat(timespec="milliseconds").replace("+00:00", "Z")
     end_iso = end.isoformat(timespec="milliseconds").replace("+00:00", "Z")
     window = {"start": start_iso, "end": end_iso, "anchor": "archive",
               "topics": {t: {"start": start_iso, "end": end_iso} for t in topics}}
     inputs = {ARCHIVE_INPUT: {"table": settings.archive_table, "from": start_iso, "to": end_iso}}
-    slices = {t: {"path": f"{settings.archive_table}#topic={t}", "records": quality["topics"][t]["records"]}
-              for t in topics}
-    return {"window": window, "inputs": inputs, "slices": slices, "quality": quality}
+    slices = {t: {"path": f"{settings.archive_table}#topic={t}", "records": None} for t in topics}
+    return {"window": window, "inputs": inputs, "slices": slices}
+
+
+def history_session(settings: LifecycleSettings, app_name: str = "history-quality"):  # -> SparkSession
+    """The Spark the quality check runs on: the platform's warm Spark Connect server
+    when there is one (`LifecycleSettings.remote_url`), else a local session in this
+    process (a JVM start and a cold JIT: what a warm server saves)."""
+    from spark_jobs.spark import remote_session, session
+
+    url = settings.remote_url()
+    if url:
+        try:
+            return remote_session(url)
+        except Exception:  # noqa: BLE001 - any failure to reach it: run here instead
+            log.warning("Spark Connect server %s did not answer; starting a local Spark session", url, exc_info=True)
+    return session(app_name, master=settings.spark_master, extra=settings.spark_conf)
+
+
+def _archive_quality(settings: LifecycleSettings, rules: list[AnyRule], archive: Mapping, *, data_docs_dir: Path) -> dict:
+    """Great Expectations on Spark over the archive's window (`archive` as planned)."""
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+    from spark_jobs.archive.table import engine_input, parse_time, read_window
+    from spark_jobs.engine.events import with_reasons
+    from spark_jobs.quality.spark_runner import run_quality_spark
+
+    topics = _rule_topics(rules)
+    spark = history_session(settings)
+    try:
+        start, end = parse_time(archive["from"]), parse_time(archive["to"])
+        rows = with_reasons(engine_input(read_window(spark, archive["table"], start, end, topics)))
+        frames = {t: rows.filter(rows.topic == t) for t in topics}
+        return run_quality_spark(frames, rules, time_field=settings.time_field, data_docs_dir=data_docs_dir,
+                                 source=archive["table"], collect_max_rows=settings.quality_collect_max_rows)
+    finally:
+        if isinstance(spark, ConnectSession):
+            spark.stop()  # ends this client's session on the shared server, not the server
 
 
 def write_rules_dir(rules: Mapping[str, dict], target: Path) -> Path:
@@ -369,14 +430,19 @@ def write_rules_dir(rules: Mapping[str, dict], target: Path) -> Path:
 def plan_release_backtests(
     candidate: Mapping, validation: Mapping, live_rules: Mapping[str, dict], *, dag_id: str, run_id: str
 ) -> dict:
-    """History check plus the two backtests to run: candidate and live versions."""
+    """The history window and the two backtests to run (candidate and live versions).
+    The history's quality check is `check_release_history`, run next to the backtests:
+    it reads the same window and decides nothing they need."""
     settings = settings_of(candidate)
     work = run_dir(settings, dag_id, run_id)
     rdir = report_dir(settings, dag_id, run_id)
     changed = list(validation["changed_rule_ids"])
-    history = prepare_history(settings, validation["rules"], work=work, data_docs_dir=rdir / "data_docs")
+    history = plan_history(settings, validation["rules"], work=work)
     cand_rules = write_rules_dir(validation["rules"], work / "candidate_rules")
     pub_rules = write_rules_dir(live_rules, work / "published_rules")
+    # Both backtests run on the platform's warm Spark when it has one (no JVM start, a
+    # JIT that has seen the engine's plans); the spec carries it to `backtest_args`.
+    remote = settings.remote_url()
     return {
         **history,
         "work_dir": str(work),
@@ -385,20 +451,29 @@ def plan_release_backtests(
             "rules_dir": str(cand_rules),
             "only": changed,
             "out_dir": str(work / "backtest_candidate"),
+            "remote": remote,
         },
         "published": {
             "rules_dir": str(pub_rules),
             "only": [rid for rid in changed if rid in live_rules],
             "out_dir": str(work / "backtest_published"),
+            "remote": remote,
         },
         "time_field": settings.time_field,
         "sink_topic": settings.sink_topic,
     }
 
 
+def check_release_history(candidate: Mapping, validation: Mapping, plan: Mapping) -> dict:
+    """The quality check of a release's planned history (`plan_release_backtests`), its
+    Data Docs next to the report."""
+    settings = settings_of(candidate)
+    return check_history(settings, validation["rules"], plan, data_docs_dir=Path(plan["report_dir"]) / "data_docs")
+
+
 def backtest_args(spec: Mapping, inputs: Mapping[str, str], time_field: str, sink_topic: str) -> list[str]:
     """Arguments of the backtest application (`spark_jobs/backtest/submit.py`) for one
-    side of a plan ({"rules_dir", "out_dir", "only"})."""
+    side of a plan ({"rules_dir", "out_dir", "only", and "remote": a Spark Connect server or None)."""
     args = ["--rules", spec["rules_dir"], "--out", spec["out_dir"], "--time-field", time_field, "--sink-topic", sink_topic]
     archive = inputs.get(ARCHIVE_INPUT)
     if archive is not None:
@@ -408,6 +483,8 @@ def backtest_args(spec: Mapping, inputs: Mapping[str, str], time_field: str, sin
             args += ["--input", f"{topic}={path}"]
     for rule_id in spec.get("only") or []:
         args += ["--only", rule_id]
+    if spec.get("remote"):
+        args += ["--remote", spec["remote"]]
     return args
 
 

@@ -95,6 +95,17 @@ class LifecycleSettings:
             "spark.sql.session.timeZone": "UTC",
         }
     )
+    # Where a release's history check and backtests run: "auto" = the Spark Connect
+    # server of the `rulectl up` this Airflow belongs to (found through its state file,
+    # $RULES_PLATFORM_STATE) when it is running, else Spark started by each task;
+    # "local" = always Spark started by each task; "sc://HOST:PORT" = that server. A
+    # warm server saves each task a JVM start and a cold JIT, most of a release's time
+    # on a small machine. Not a run param: a trigger must not send the work elsewhere.
+    spark_remote: str = "auto"
+    # A history window of at most this many records is checked by Great Expectations'
+    # pandas engine on the columns Spark read (collected to the task), above it by GX on
+    # Spark: one Spark query per expectation costs more than a small window's checks.
+    quality_collect_max_rows: int = 2_000_000
     # Rows per rule in the added/removed tables of a report.
     report_max_rows: int = 200
     # Telling approvers a release waits (plugins/rule_lifecycle/notifiers.py): "file"
@@ -115,6 +126,8 @@ class LifecycleSettings:
             raise ValueError(f"history_source must be 'auto', 'archive' or 'files', not {self.history_source!r}")
         if self.history_window_end not in ("latest", "interval"):
             raise ValueError(f"history_window_end must be 'latest' or 'interval', not {self.history_window_end!r}")
+        if self.spark_remote not in ("auto", "local") and not self.spark_remote.startswith("sc://"):
+            raise ValueError(f"spark_remote must be 'auto', 'local' or sc://HOST:PORT, not {self.spark_remote!r}")
 
     @property
     def checkout_dir(self) -> Path:
@@ -127,6 +140,16 @@ class LifecycleSettings:
     @property
     def work_dir(self) -> Path:
         return Path(self.state_dir) / "work"
+
+    def remote_url(self, environ: Mapping[str, str] | None = None) -> str | None:
+        """The Spark Connect server to run on (see `spark_remote`), or None for Spark
+        of the task's own. "auto" offers only a server that answers now: a task that
+        finds none starts its own Spark instead of failing."""
+        if self.spark_remote == "local":
+            return None
+        if self.spark_remote.startswith("sc://"):
+            return self.spark_remote
+        return platform_connect_url(environ)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -163,3 +186,32 @@ def run_settings(params: Mapping, model: type | None = None, *, use_airflow: boo
         if base.history_source == "auto":
             extra["history_source"] = "files"
     return resolve_settings({**base.to_dict(), **extra}, use_airflow=False)
+
+
+def platform_connect_url(environ: Mapping[str, str] | None = None) -> str | None:
+    """sc://127.0.0.1:PORT of the Spark Connect server that the local `rulectl up`
+    runs, from its state file ($RULES_PLATFORM_STATE, which it gives Airflow), when the
+    server is marked running and its port accepts a connection; else None."""
+    import json
+    import socket
+
+    from spark_jobs.kafka.client_config import PLATFORM_STATE_ENV
+    from spark_jobs.spark import DEFAULT_CONNECT_PORT
+
+    env = os.environ if environ is None else environ
+    state_file = env.get(PLATFORM_STATE_ENV)
+    if not state_file:
+        return None
+    try:
+        connect = json.loads(Path(state_file).read_text(encoding="utf-8"))["components"]["connect"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(connect, dict) or not connect.get("running"):
+        return None
+    argv = [str(a) for a in connect.get("argv") or []]
+    port = int(argv[argv.index("--port") + 1]) if "--port" in argv[:-1] else DEFAULT_CONNECT_PORT
+    try:
+        socket.create_connection(("127.0.0.1", port), 0.5).close()
+    except OSError:
+        return None
+    return f"sc://127.0.0.1:{port}"

@@ -155,8 +155,16 @@ def _sample(result: Mapping) -> str | None:
     return None
 
 
-def _validate(ctx, source, topic: str, specs: list[ExpectationSpec], frame) -> tuple[bool, list[dict]]:
-    """Run one topic's suite on `frame` (pandas or Spark DataFrame, as `source` is)."""
+# What a validation reports: counts, and a sample of the unexpected values.
+WITH_SAMPLES: dict = {"result_format": "SUMMARY"}
+# Counts only. On Spark, GX computes the counts of the expectations that share a domain
+# (the same row condition) in one aggregate query, but fetches each expectation's sample
+# with a query of its own; with no sample asked, that query reads nothing (a LIMIT 0).
+COUNTS_ONLY: dict = {"result_format": "BASIC", "partial_unexpected_count": 0}
+
+
+def _validation(ctx, source, topic: str, specs: list[ExpectationSpec]):  # -> gx.ValidationDefinition
+    """One topic's suite as a GX validation definition over a whole-DataFrame batch."""
     import great_expectations as gx
 
     asset = source.add_dataframe_asset(topic)
@@ -164,8 +172,26 @@ def _validate(ctx, source, topic: str, specs: list[ExpectationSpec], frame) -> t
     suite = ctx.suites.add(gx.ExpectationSuite(name=f"history.{topic}"))
     for spec in specs:
         suite.add_expectation(_expectation(spec))
-    vd = ctx.validation_definitions.add(gx.ValidationDefinition(data=batch_def, suite=suite, name=f"history.{topic}"))
-    result = vd.run(batch_parameters={"dataframe": frame}, result_format="SUMMARY")
+    return ctx.validation_definitions.add(gx.ValidationDefinition(data=batch_def, suite=suite, name=f"history.{topic}"))
+
+
+def _forget_results(ctx, suite_name: str) -> None:
+    """Drop the stored results of a suite (so Data Docs show only its last run)."""
+    store = ctx.validation_results_store
+    for key in store.list_keys():
+        if getattr(getattr(key, "expectation_suite_identifier", None), "name", None) == suite_name:
+            store.remove_key(key)
+
+
+def _validate(
+    ctx, source, topic: str, specs: list[ExpectationSpec], frame, result_format: dict | None = None
+) -> tuple[bool, list[dict]]:
+    """Run one topic's suite on `frame` (pandas or Spark DataFrame, as `source` is)."""
+    return _run(_validation(ctx, source, topic, specs), frame, result_format or WITH_SAMPLES)
+
+
+def _run(vd, frame, result_format: dict) -> tuple[bool, list[dict]]:
+    result = vd.run(batch_parameters={"dataframe": frame}, result_format=result_format)
     exps = []
     for er in result.results:
         cfg = er.expectation_config

@@ -153,6 +153,25 @@ class SparkDialect:
         return f"{SparkDialect.column(path)} ({form})"
 
     @staticmethod
+    def condition_pandas(use: FieldUse) -> str | None:
+        """The condition as a DataFrame.query over the same derived columns, for GX's
+        pandas engine on a window collected from Spark (`x != x`: x is missing)."""
+        if not use.condition:
+            return None
+        parts = []
+        for f, op, v in use.condition:
+            if op == PRESENT:
+                col = SparkDialect.column(f)
+                parts.append(f"`{col}` == `{col}`")
+            elif isinstance(v, bool):
+                parts.append(f"`{SparkDialect.condition_column(f, 'json')}` {op} {json.dumps(json.dumps(v))}")
+            elif isinstance(v, int | float):
+                parts.append(f"`{SparkDialect.condition_column(f, 'num')}` {op} {float(v)!r}")
+            else:
+                parts.append(f"`{SparkDialect.condition_column(f, 'str')}` {op} {json.dumps(str(v))}")
+        return " and ".join(parts)
+
+    @staticmethod
     def condition_sql(use: FieldUse) -> str | None:
         if not use.condition:
             return None
@@ -171,10 +190,11 @@ class SparkDialect:
         return " AND ".join(parts)
 
 
-def _scope(use: FieldUse, spark: bool = False) -> tuple[dict, str]:
+def _scope(use: FieldUse, spark: bool = False, parser: str = "spark") -> tuple[dict, str]:
     kwargs: dict = {}
     if spark and use.condition:
-        kwargs = {"row_condition": SparkDialect.condition_sql(use), "condition_parser": "spark"}
+        cond = SparkDialect.condition_pandas(use) if parser == "pandas" else SparkDialect.condition_sql(use)
+        kwargs = {"row_condition": cond, "condition_parser": parser}
     elif use.pandas_query:
         kwargs = {"row_condition": use.pandas_query, "condition_parser": "pandas"}
     who = ", ".join(sorted(use.rules))
@@ -182,9 +202,13 @@ def _scope(use: FieldUse, spark: bool = False) -> tuple[dict, str]:
     return kwargs, f" (for {who}{where})"
 
 
-def suite_specs(fields: TopicFields, window_ms: tuple[int, int] | None, spark: bool = False) -> list[ExpectationSpec]:
+def suite_specs(
+    fields: TopicFields, window_ms: tuple[int, int] | None, spark: bool = False, parser: str = "spark"
+) -> list[ExpectationSpec]:
     """The expectations for one topic; `window_ms` bounds the event timestamps. `spark`:
-    the same checks as Spark reads them (SparkDialect)."""
+    the same checks over the columns Spark derives (SparkDialect), their row conditions
+    in Spark SQL, or with `parser` "pandas" as DataFrame.query (GX's pandas engine on
+    those columns collected to the driver)."""
     name = SparkDialect.column if spark else (lambda p: p)
     specs = [ExpectationSpec("ExpectTableRowCountToBeBetween", {"min_value": 1}, "the history of this topic is not empty")]
     if fields.required:
@@ -197,7 +221,7 @@ def suite_specs(fields: TopicFields, window_ms: tuple[int, int] | None, spark: b
         )
     order = {"time": 0, "key": 1, "numeric": 2}
     for use in sorted(fields.uses, key=lambda u: (order[u.kind], u.field, u.condition_text)):
-        scope, why = _scope(use, spark)
+        scope, why = _scope(use, spark, parser)
         if use.kind == "time":
             col = parsed_time_column(use.field)
             specs.append(
@@ -223,13 +247,14 @@ def suite_specs(fields: TopicFields, window_ms: tuple[int, int] | None, spark: b
         elif spark:
             # Among the records where the engine reads no number, the value must be
             # missing: what is there instead is the unexpected value (shown as a sample).
-            no_number = f"`{SparkDialect.number_column(use.field)}` IS NULL"
+            num = SparkDialect.number_column(use.field)
+            no_number, and_ = (f"`{num}` != `{num}`", "and") if parser == "pandas" else (f"`{num}` IS NULL", "AND")
             cond = scope.get("row_condition")
             specs.append(
                 ExpectationSpec(
                     "ExpectColumnValuesToBeNull",
-                    {"column": SparkDialect.column(use.field), "condition_parser": "spark",
-                     "row_condition": f"{no_number} AND ({cond})" if cond else no_number},
+                    {"column": SparkDialect.column(use.field), "condition_parser": parser,
+                     "row_condition": f"{no_number} {and_} ({cond})" if cond else no_number},
                     f"value field '{use.field}' holds numbers{why}",
                 )
             )
