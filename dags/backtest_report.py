@@ -14,6 +14,7 @@ from datetime import datetime
 
 from airflow.sdk import DAG, Param, get_current_context, task
 from airflow.task.trigger_rule import TriggerRule
+from rule_lifecycle.defaults import TASK_DEFAULTS
 from rule_lifecycle.hooks import RulesTopicHook
 from rule_lifecycle.operators import RuleBacktestOperator
 
@@ -32,6 +33,7 @@ with DAG(
     catchup=False,
     max_active_runs=1,
     tags=["rules", "report"],
+    default_args=TASK_DEFAULTS,
     # Allow-listed (spark_jobs/lifecycle/params.py): Airflow refuses anything else at trigger time.
     params={"settings": Param({}, **param_schema(ReportParams, "settings"))},
     doc_md=__doc__,

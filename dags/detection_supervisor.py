@@ -30,6 +30,7 @@ from airflow.providers.apache.kafka.sensors.kafka import AwaitMessageSensor
 from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.sdk import DAG, Param, task
 from airflow.sdk.exceptions import AirflowFailException
+from rule_lifecycle.defaults import TASK_DEFAULTS
 from rule_lifecycle.supervision import ConfirmRestartOperator, DetectionHealthOperator
 
 ENV = "DETECTION_SUPERVISOR_"
@@ -48,6 +49,7 @@ with DAG(
     max_active_runs=1,
     dagrun_timeout=timedelta(minutes=20),
     tags=["rules", "detection"],
+    default_args=TASK_DEFAULTS,
     params={"settings": Param({}, type="object", description="Overrides of the detection_supervisor settings")},
     doc_md=__doc__,
 ) as dag:
@@ -79,6 +81,7 @@ with DAG(
             "requested_by": "airflow:{{ dag.dag_id }}/{{ run_id }}",
         },
         execution_timeout=timedelta(minutes=1),
+        retries=0,  # a second request for one need could restart the job twice
     )
     answer = AwaitMessageSensor(
         task_id="await_restart",

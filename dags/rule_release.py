@@ -23,6 +23,7 @@ from datetime import datetime, timedelta
 from airflow.sdk import DAG, Param, get_current_context, task
 from airflow.sdk.exceptions import AirflowFailException
 from airflow.task.trigger_rule import TriggerRule
+from rule_lifecycle.defaults import TASK_DEFAULTS
 from rule_lifecycle.hooks import AirflowApiHook, RulesTopicHook
 from rule_lifecycle.notifiers import ApprovalRequestNotifier
 from rule_lifecycle.operators import PublishRulesOperator, ReleaseApprovalOperator, RuleBacktestOperator
@@ -65,6 +66,7 @@ with DAG(
     max_active_runs=4,
     on_failure_callback=lambda context: release.record_failure(context),
     tags=["rules", "release"],
+    default_args=TASK_DEFAULTS,
     params={
         # Allow-listed (spark_jobs/lifecycle/params.py): Airflow refuses anything else at trigger time.
         "commit": Param(None, **param_schema(ReleaseParams, "commit")),

@@ -61,7 +61,7 @@ from types import FrameType
 from spark_jobs.commands.signals import install_handlers
 from spark_jobs.commands.signals import restore_handlers as _restore_handlers
 from spark_jobs.platform.identity import AUTH_MANAGER, DEMO_USERS
-from spark_jobs.platform.launcher import BrokerComponent, ChildSpec, RestartPolicy, Supervisor
+from spark_jobs.platform.launcher import BrokerComponent, ChildProcess, ChildSpec, RestartPolicy, Supervisor
 from spark_jobs.spark import DEFAULT_CONNECT_PORT
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -663,6 +663,11 @@ def run(args: argparse.Namespace) -> int:
                 break
             child = sup.start_child(spec)
             sup.say(f"started {spec.name} (pid {child.pid}, log {spec.log_path})")
+            if spec.name == "airflow-api-server":
+                # The scheduler hands tasks to the execution API of this server: started
+                # before it listens (the DAGs are unpaused from the second start on), the
+                # first tasks of every DAG would fail, a red run per DAG per start.
+                await_ready(spec, child, stop, timeout_s=300.0)
         if not stop.is_set():
             _banner(sup, args, bootstrap, paths, n_rules, users, PLATFORM_TOPICS)
         return sup.run(stop)
@@ -673,6 +678,20 @@ def run(args: argparse.Namespace) -> int:
         sup.stop_all()
         _restore_handlers(previous)
         sup.say("platform stopped")
+
+
+def await_ready(spec: ChildSpec, child: ChildProcess, stop: threading.Event, timeout_s: float) -> None:
+    """Block until `spec.ready()` holds; raise if the child exits or the time runs out."""
+    assert spec.ready is not None
+    deadline = time.monotonic() + timeout_s
+    while not stop.is_set():
+        if child.poll() is not None:
+            raise RuntimeError(f"{spec.name} exited while starting; see {spec.log_path}")
+        if spec.ready():
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{spec.name} not ready after {timeout_s:g}s; see {spec.log_path}")
+        stop.wait(1.0)
 
 
 def _preflight(args: argparse.Namespace, host: str) -> list[str]:

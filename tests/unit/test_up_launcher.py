@@ -461,3 +461,33 @@ def test_client_config_is_the_one_place_settings_become_sasl(tmp_path: Path, mon
         cc.confluent_config("publisher")  # not in this host's file: an error, not an anonymous client
     monkeypatch.setenv("KAFKA_PRINCIPAL", "reader")  # one identity for the whole process
     assert cc.confluent_config("detector")["sasl.username"] == "reader"
+
+
+def test_the_scheduler_waits_for_the_api_server_to_answer(tmp_path: Path) -> None:
+    """From the second start on the DAGs are unpaused: a scheduler started before the
+    execution API listens fails the first task of every DAG."""
+    calls = {"n": 0}
+
+    def ready() -> bool:
+        calls["n"] += 1
+        return calls["n"] >= 3
+
+    class Child:
+        def poll(self) -> int | None:
+            return None
+
+    spec = ChildSpec(name="airflow-api-server", argv=["x"], env={}, cwd=tmp_path, log_path=tmp_path / "a.log", ready=ready)
+    started = time.monotonic()
+    up.await_ready(spec, Child(), threading.Event(), timeout_s=30)  # type: ignore[arg-type]
+    assert calls["n"] == 3 and time.monotonic() - started >= 1.5
+
+    class Dead(Child):
+        def poll(self) -> int | None:
+            return 1
+
+    with pytest.raises(RuntimeError, match="exited while starting"):
+        up.await_ready(spec, Dead(), threading.Event(), timeout_s=30)  # type: ignore[arg-type]
+    never = ChildSpec(name="airflow-api-server", argv=["x"], env={}, cwd=tmp_path, log_path=tmp_path / "a.log",
+                      ready=lambda: False)
+    with pytest.raises(RuntimeError, match="not ready after"):
+        up.await_ready(never, Child(), threading.Event(), timeout_s=1.5)  # type: ignore[arg-type]

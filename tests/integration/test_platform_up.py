@@ -1,0 +1,299 @@
+"""`rulectl up` as a user runs it (`make up`): the whole platform, stopped and started again.
+
+Issue 36's acceptance, on real parts: the embedded Kafka broker over TCP, the detection
+job (Spark), the event archive, the demo, and Airflow on PostgreSQL with its UI, in one
+`rulectl up` whose rules come from a git repository of the test's own.
+
+1. Left idle for several release polls and supervisor runs, no DAG has a Failed run (the
+   API, and the runs lists as Chromium shows them).
+2. The hole: an approver commits a rule change; its release waits for approval (four
+   eyes: its author may not approve it). The platform is stopped with Ctrl-C and started
+   again. The second start publishes nothing: `rules.active`, the detection job's rule
+   versions and the release audit are what they were, and the start names the rule file
+   that waits for a release.
+3. The banner's watch command, run as printed from another folder, shows detections.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+from airflow_fixtures import PG_URL, Chromium, _admin_sql, chromium_available, free_port
+
+pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.airflow, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+DB = "rules_platform_up_" + os.environ.get("PYTEST_XDIST_WORKER", "main")
+POLL_MINUTES = 0.5
+DAGS = ("rule_release", "detection_supervisor", "backtest_report", "archive_maintenance")
+
+
+def _git(repo: Path, *args: str, author: str = "Rule Author <author@rules.example>") -> str:
+    name, email = author[:-1].split(" <")
+    return subprocess.run(["git", "-C", str(repo), "-c", f"user.name={name}", "-c", f"user.email={email}", *args],
+                          check=True, capture_output=True, text=True).stdout.strip()
+
+
+class Platform:
+    """One `rulectl up` in its own process group, its terminal output in a file."""
+
+    def __init__(self, workdir: Path, repo: Path, log: Path) -> None:
+        self.workdir, self.repo, self.log = workdir, repo, log
+        self.port, self.airflow_port, self.connect_port = free_port(), free_port(), free_port()
+        self.proc: subprocess.Popen | None = None
+        self.base_url = f"http://127.0.0.1:{self.airflow_port}"
+        self._tokens: dict[str, str] = {}
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("KAFKA_", "AIRFLOW", "RULE"))}
+        env.update({"RULE_LIFECYCLE_REPO": str(self.repo), "RULE_RELEASE_POLL_MINUTES": str(POLL_MINUTES),
+                    "PYTHONUNBUFFERED": "1"})
+        argv = [sys.executable, "-m", "spark_jobs.cli", "up", "--workdir", str(self.workdir),
+                "--port", str(self.port), "--airflow-port", str(self.airflow_port),
+                "--connect-port", str(self.connect_port), "--airflow-db", f"{PG_URL}/{DB}",
+                "--rules", str(self.repo / "rules"), "--demo-rate", "10"]
+        self.mark = self.output_size()
+        self.proc = subprocess.Popen(argv, env=env, cwd=str(self.workdir.parent), stdout=self.log.open("ab"),
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        self.wait_for_text("rule platform is up", timeout=600)
+
+    def output_size(self) -> int:
+        return self.log.stat().st_size if self.log.exists() else 0
+
+    def output(self, since: int = 0) -> str:
+        with self.log.open("rb") as fh:
+            fh.seek(since)
+            return fh.read().decode(errors="replace")
+
+    def wait_for_text(self, text: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if text in self.output(self.mark):
+                return
+            assert self.proc is not None and self.proc.poll() is None, f"rulectl up exited:\n{self.output()[-6000:]}"
+            time.sleep(1)
+        raise AssertionError(f"no {text!r} within {timeout}s:\n{self.output(self.mark)[-6000:]}")
+
+    def stop(self) -> None:
+        """Ctrl-C, as a user stops it."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, signal.SIGINT)
+        try:
+            self.proc.wait(timeout=240)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+            raise AssertionError(f"rulectl up did not stop on Ctrl-C:\n{self.output()[-4000:]}") from None
+        self._tokens.clear()
+
+    # ---- Airflow, as the demo users -----------------------------------------------------
+    def password(self, user: str) -> str:
+        users = json.loads((self.workdir / "airflow" / "demo-users.json").read_text())
+        return next(u["password"] for u in users if u["username"] == user)
+
+    def api(self, method: str, path: str, body: object = None, user: str = "operator") -> tuple[int, dict]:
+        if user not in self._tokens:
+            req = urllib.request.Request(f"{self.base_url}/auth/token", method="POST",
+                                         data=json.dumps({"username": user, "password": self.password(user)}).encode(),
+                                         headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                self._tokens[user] = json.loads(resp.read())["access_token"]
+        req = urllib.request.Request(f"{self.base_url}/api/v2{path}", method=method,
+                                     data=None if body is None else json.dumps(body).encode(),
+                                     headers={"Authorization": f"Bearer {self._tokens[user]}",
+                                              "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as resp:
+                raw = resp.read()
+                return resp.status, json.loads(raw) if raw else {}
+        except urllib.error.HTTPError as exc:
+            raw = exc.read()
+            try:
+                return exc.code, json.loads(raw)
+            except ValueError:
+                return exc.code, {"detail": raw.decode(errors="replace")}
+
+    def wait_for_api(self, timeout: float = 300) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if self.api("GET", "/dags?limit=20")[0] == 200:
+                    return
+            except (OSError, urllib.error.URLError, KeyError, ValueError):
+                pass
+            time.sleep(3)
+        raise AssertionError(f"Airflow API not up within {timeout}s:\n{self.output(self.mark)[-4000:]}")
+
+    def runs(self, dag_id: str) -> list[dict]:
+        status, body = self.api("GET", f"/dags/{dag_id}/dagRuns?limit=100&order_by=-run_after")
+        assert status == 200, body
+        return body["dag_runs"]
+
+    # ---- what is live ---------------------------------------------------------------------
+    def job_status(self) -> dict:
+        path = self.workdir / "detect" / "status.json"
+        return json.loads(path.read_text()) if path.exists() else {}
+
+    def wait_for_job(self, timeout: float = 300) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            st = self.job_status()
+            if st.get("state") == "running" and st.get("rule_versions"):
+                return st
+            time.sleep(2)
+        raise AssertionError(f"detection job not running within {timeout}s: {self.job_status()}")
+
+    def rules_topic(self) -> list[tuple[int, str, str]]:
+        """Every record of rules.active: (offset, key, value), read as the publisher."""
+        from spark_jobs.kafka.admin import read_all
+
+        return [(r.offset, (r.key or b"").decode(), (r.value or b"").decode())
+                for r in read_all(self.bootstrap, "rules.active", timeout=30, role="publisher")]
+
+    def audit(self) -> list[dict]:
+        from spark_jobs.lifecycle import audit
+
+        return audit.read_records(self.workdir / "airflow" / "rule_lifecycle" / "audit")
+
+
+@pytest.fixture(scope="module")
+def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
+    base = tmp_path_factory.mktemp("platform-up")
+    repo = base / "rules-repo"
+    shutil.copytree(ROOT / "rules", repo / "rules")
+    _git(base, "init", "-q", "-b", "main", str(repo))
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "the demo's rules")
+    _admin_sql(f'DROP DATABASE IF EXISTS "{DB}" WITH (FORCE)')
+    _admin_sql(f'CREATE DATABASE "{DB}"')
+    p = Platform(base / "var", repo, base / "rulectl-up.log")
+    saved = os.environ.get("KAFKA_CREDENTIALS_FILE")
+    os.environ["KAFKA_CREDENTIALS_FILE"] = str(p.workdir / "kafka-credentials.json")  # the test reads as publisher
+    try:
+        p.start()
+        yield p
+    finally:
+        p.stop()
+        if saved is None:
+            os.environ.pop("KAFKA_CREDENTIALS_FILE", None)
+        else:
+            os.environ["KAFKA_CREDENTIALS_FILE"] = saved
+
+
+def _finished(runs: list[dict]) -> list[dict]:
+    return [r for r in runs if r["state"] in ("success", "failed")]
+
+
+def test_an_idle_platform_shows_no_failed_run(platform: Platform) -> None:
+    platform.wait_for_api()
+    platform.wait_for_job()
+    # Several release polls (each a sensor that finds no new commit) and supervisor runs,
+    # the first of which meets a detection job that may still be starting.
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        releases, checks = _finished(platform.runs("rule_release")), _finished(platform.runs("detection_supervisor"))
+        if len(releases) >= 3 and len(checks) >= 2:
+            break
+        time.sleep(10)
+    else:
+        pytest.fail(f"not enough runs in 600 s: {len(releases)} release polls, {len(checks)} supervisor runs")
+    failed = {dag: [r["dag_run_id"] for r in platform.runs(dag) if r["state"] == "failed"] for dag in DAGS}
+    assert failed == {dag: [] for dag in DAGS}
+    if not chromium_available():
+        pytest.skip("no Chromium for the runs lists")
+    with Chromium() as browser:
+        browser.login(platform.base_url, "operator", platform.password("operator"))
+        for dag in ("rule_release", "detection_supervisor"):
+            browser.goto(f"{platform.base_url}/dags/{dag}/runs")
+            browser.wait_for("document.body.innerText.includes('manual') || document.body.innerText.includes('scheduled')",
+                             timeout=60)
+            states = browser.evaluate(
+                "[...document.querySelectorAll('tbody tr')].map(r => r.innerText.toLowerCase())")
+            assert states, f"no runs listed for {dag}"
+            assert not [s for s in states if "failed" in s], (dag, states)
+
+
+def test_a_restart_publishes_nothing_that_waits_for_approval(platform: Platform) -> None:
+    platform.wait_for_api()
+    platform.wait_for_job()
+    # The approver commits a change: four eyes keep that approver from approving it.
+    path = platform.repo / "rules" / "global_burst.yaml"
+    path.write_text(path.read_text().replace('version: "1"', 'version: "2"').replace("threshold: 100", "threshold: 90"))
+    _git(platform.repo, "commit", "-qam", "global_api_burst: 90 calls", author="Rule Approver <approver@rules.example>")
+    deadline = time.monotonic() + 900
+    pending: list[dict] = []
+    while time.monotonic() < deadline and not pending:
+        status, body = platform.api("GET", "/dags/rule_release/dagRuns/~/hitlDetails?response_received=false")
+        pending = [d for d in body.get("hitl_details", []) if not d.get("response_received")] if status == 200 else []
+        failed = [r for r in platform.runs("rule_release") if r["state"] == "failed"]
+        assert not failed, f"a release run failed: {failed}"
+        time.sleep(5)
+    assert pending, "the release never asked for approval"
+    ti = pending[-1]["task_instance"]
+    hitl = f"/dags/rule_release/dagRuns/{ti['dag_run_id']}/taskInstances/{ti['task_id']}/-1/hitlDetails"
+    status, body = platform.api("PATCH", hitl, {"chosen_options": ["Approve"], "params_input": {}}, user="approver")
+    assert status == 403 and "Four eyes" in json.dumps(body), (status, body)
+
+    topic, versions, audit = platform.rules_topic(), platform.job_status()["rule_versions"], platform.audit()
+    assert versions["global_api_burst"] == "1"
+    platform.stop()
+    assert platform.proc is not None and platform.proc.returncode == 0, platform.output()[-3000:]
+    platform.start()
+    said = platform.output(platform.mark)
+    assert "nothing published at start" in said, said[-3000:]
+    assert "rules/global_burst.yaml: global_api_burst v2 here, v1 live" in said, said[-3000:]
+    status = platform.wait_for_job()
+    # Nothing went out: the topic has no new record, the job judges with v1, no audit record.
+    assert platform.rules_topic() == topic
+    assert status["rule_versions"] == versions
+    assert platform.audit() == audit
+    # The restart is no failure either: runs cut short by Ctrl-C are retried, and the
+    # scheduler starts after the api-server answers (its first tasks would fail otherwise).
+    platform.wait_for_api()
+    restarted = time.monotonic()
+    while time.monotonic() - restarted < 300:
+        after = [r for r in _finished(platform.runs("detection_supervisor"))
+                 if datetime.fromisoformat(r["run_after"]) > datetime.fromisoformat(status["updated_at"])]
+        if len(after) >= 2:
+            break
+        time.sleep(10)
+    failed = {dag: [r["dag_run_id"] for r in platform.runs(dag) if r["state"] == "failed"] for dag in DAGS}
+    assert failed == {dag: [] for dag in DAGS}
+    assert platform.audit() == audit
+    history = subprocess.run([sys.executable, "-m", "spark_jobs.cli", "history", "global_api_burst", "--audit-dir",
+                              str(platform.workdir / "airflow" / "rule_lifecycle" / "audit"), "--format", "json"],
+                             capture_output=True, text=True, check=True).stdout
+    assert not [r for r in json.loads(history) if r.get("event") == "published" and r.get("version") == "2"]
+
+
+def test_the_banners_watch_command_works_as_printed(platform: Platform, tmp_path: Path) -> None:
+    line = next(x for x in platform.output(platform.mark).splitlines() if x.startswith("watch detections:"))
+    command = line.split(":", 1)[1].strip()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KAFKA_", "VIRTUAL_ENV", "RULE"))}
+    env["PATH"] = "/usr/bin:/bin"  # no virtualenv on PATH, as in a fresh terminal
+    proc = subprocess.Popen(["bash", "-c", command], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=90)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    detections = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
+    assert detections and all("rule_id" in d for d in detections), (command, out[-2000:], err[-2000:])
