@@ -252,6 +252,8 @@ def main() -> int:
     ap.add_argument("--label", default="", help="free text kept with the figures (e.g. before/after)")
     ap.add_argument("--observe", metavar="RUN_ID", help="only read the figures of this run")
     ap.add_argument("--t0", type=float, help="with --observe: the commit's time (epoch seconds)")
+    ap.add_argument("--project-commit", help="with --observe: the project commit the run ran (default HEAD)")
+    ap.add_argument("--run-load", help="with --observe: the load averages during the run, as noted then")
     ap.add_argument("--results", type=Path, default=RESULTS)
     args = ap.parse_args()
 
@@ -270,8 +272,11 @@ def main() -> int:
             if args.t0 is None:
                 ap.error("--observe needs --t0")
             found = af.api("GET", f"/dags/{DAG}/dagRuns/{quote(args.observe, safe='')}/hitlDetails").get("hitl_details")
-            result = {**base, "date": datetime.now(UTC).isoformat(timespec="seconds"), "load_avg": load(),
+            result = {**base, "date": datetime.fromtimestamp(args.t0, UTC).isoformat(timespec="seconds"),
+                      "load_avg_when_observed": load(), "load_avg": args.run_load,
                       **figures(af, args.observe, args.t0, (found or [None])[0])}
+            if args.project_commit:
+                result["project_commit"] = args.project_commit
             record(result, args.results)
             print(json.dumps(result, indent=1))
             return 0
