@@ -223,8 +223,12 @@ def test_rulectl_finds_the_local_platforms_credentials_unless_told_otherwise(tmp
     creds.write_text("{}")
     (tmp_path / "var" / "platform.json").write_text(json.dumps({"kafka_credentials_file": str(creds)}))
     monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv(client_config.CREDENTIALS_ENV, raising=False)
-    monkeypatch.delenv(client_config.PLATFORM_STATE_ENV, raising=False)
+    # Set, then removed: monkeypatch then restores the variable as it was before this test,
+    # whatever adopt_platform_credentials writes into os.environ (later tests of the
+    # worker must not inherit a credentials file).
+    for name in (client_config.CREDENTIALS_ENV, client_config.PLATFORM_STATE_ENV):
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     assert client_config.adopt_platform_credentials() == str(creds)
     assert os.environ[client_config.CREDENTIALS_ENV] == str(creds)
     monkeypatch.setenv(client_config.CREDENTIALS_ENV, "/elsewhere.json")  # an explicit setting wins
