@@ -100,7 +100,8 @@ def remote_session(url: str) -> SparkSession:
 def connect_server_argv(port: int = DEFAULT_CONNECT_PORT, master: str = DEFAULT_MASTER,
                         extra: dict | None = None) -> list[str]:
     """spark-submit of the pyspark package's Spark Connect server with the platform's
-    session settings (jars, Delta, UTC, the JIT option): what `rulectl connect` runs."""
+    session settings (jars, Delta, UTC, the JIT option) and its relation plugin, which
+    runs the rules' JVM passes for Connect clients: what `rulectl connect` runs."""
     from pathlib import Path
 
     import pyspark
@@ -113,6 +114,8 @@ def connect_server_argv(port: int = DEFAULT_CONNECT_PORT, master: str = DEFAULT_
         **STATIC_CONF,
         "spark.connect.grpc.binding.address": "127.0.0.1",
         "spark.connect.grpc.binding.port": str(port),
+        # The backtest's JVM passes for Connect clients (spark_jobs/engine/jvm_pass.py).
+        "spark.connect.extensions.relation.classes": "ruleplatform.keyed.ConnectPasses",
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.shuffle.partitions": "2",
         "spark.ui.enabled": "false",
@@ -214,13 +217,24 @@ def session_conf(spark: SparkSession, conf: dict[str, str]) -> Iterator[None]:
                 spark.conf.set(k, v)
 
 
+class MissingJarError(RuntimeError):
+    """A classic session without the platform's jar: the rules' JVM code cannot run."""
+
+
 def jvm_class(spark: SparkSession, name: str) -> JavaClass | None:
-    """The JVM class `name` (dotted) of a classic session, or None: on Spark Connect
-    (no Py4J gateway), or when the platform's jars are not on the session's classpath
-    (Py4J then resolves the name to a package, not a class)."""
+    """The JVM class `name` (dotted) of a classic session; None on Spark Connect (no Py4J
+    gateway: the caller sends its work to the server instead). A classic session
+    without the platform's jars is an error that says how to get them, never a quiet
+    switch to another code path."""
     entry = getattr(spark, "_jvm", None)
     if entry is None:
         return None
     for part in name.split("."):
         entry = getattr(entry, part)
-    return entry if isinstance(entry, JavaClass) else None
+    if not isinstance(entry, JavaClass):
+        # Py4J resolves an unknown name to a package, not a class.
+        raise MissingJarError(
+            f"{name} is not on this Spark session's classpath: the platform's jar is missing. Start the session "
+            "with spark_jobs.spark.session(), which builds the jars with Maven and loads them, or give "
+            "spark-submit the jars of spark_jobs.spark.submit_jars_and_conf() (--jars)")
+    return entry

@@ -29,20 +29,6 @@ def spark():
     s.stop()
 
 
-@pytest.fixture(params=["jvm", "windows"])
-def velocity_pass(request, spark):
-    """The test runs once per way the backtest evaluates a velocity group: the JVM pass
-    (BatchVelocity, the default) and Spark window functions (what a Spark Connect
-    session gets). Fails if the JVM pass is asked for and the session cannot run it,
-    so a silent fallback cannot pass as the JVM's result."""
-    from spark_jobs.engine.velocity import JVM_PASS_CONF, jvm_pass
-
-    spark.conf.set(JVM_PASS_CONF, request.param)
-    assert (jvm_pass(spark) is not None) == (request.param == "jvm")
-    yield request.param
-    spark.conf.unset(JVM_PASS_CONF)
-
-
 @pytest.fixture(scope="session")
 def demo_inputs() -> dict[str, Path]:
     d = ROOT / "tests" / "data" / "demo"
@@ -71,3 +57,19 @@ def pytest_collection_modifyitems(config, items):
 
 
 # ----------------------------------------------------------------------------- end Kafka
+
+
+# ----------------------------------------------------------------------------- process guard
+# A test that starts a JVM (Spark, the Kafka broker, Maven) or Airflow carries the marker
+# (spark, kafka, airflow), so `-m "not spark and not kafka and not airflow"` starts none:
+# tests/process_guard.py fails a test that starts one without it.
+
+
+def pytest_configure(config):
+    import process_guard
+
+    if not config.pluginmanager.has_plugin("process_guard"):
+        config.pluginmanager.register(process_guard, "process_guard")
+
+
+# ----------------------------------------------------------------------------- end process guard

@@ -23,7 +23,7 @@ from spark_jobs.kafka.admin import create_topics, read_all
 class DetectJob:
     def __init__(self, bootstrap: str, workdir: Path, sink: str = "events.processed", dlq: str = "events.deadletter",
                  rules_topic: str = "rules.active", trigger_ms: int = 500, max_offsets_per_trigger: int = 100_000,
-                 extra_args: tuple[str, ...] = ()) -> None:
+                 extra_args: tuple[str, ...] = (), cli: tuple[str, ...] = ("-m", "spark_jobs.cli")) -> None:
         self.bootstrap = bootstrap
         self.workdir = workdir
         self.checkpoint = workdir / "checkpoint"
@@ -31,6 +31,7 @@ class DetectJob:
         self.trigger_ms = trigger_ms
         self.max_offsets_per_trigger = max_offsets_per_trigger
         self.extra_args = tuple(extra_args)  # e.g. ("--master", "spark://...")
+        self.cli = tuple(cli)  # what runs `detect`: python's arguments before it
         self.proc: subprocess.Popen | None = None
         self.log = workdir / "detect.log"
         workdir.mkdir(parents=True, exist_ok=True)
@@ -42,7 +43,7 @@ class DetectJob:
     def start(self, timeout: float = 180) -> dict:
         if self.status_file.exists():
             self.status_file.unlink()
-        cmd = [sys.executable, "-m", "spark_jobs.cli", "detect", "--bootstrap", self.bootstrap,
+        cmd = [sys.executable, *self.cli, "detect", "--bootstrap", self.bootstrap,
                "--checkpoint", str(self.checkpoint), "--sink-topic", self.sink, "--dead-letter-topic", self.dlq,
                "--rules-topic", self.rules_topic, "--trigger-ms", str(self.trigger_ms),
                "--max-offsets-per-trigger", str(self.max_offsets_per_trigger), *self.extra_args]
@@ -152,3 +153,18 @@ def job_state_store(spark) -> Iterator[None]:  # noqa: ANN001 - a pyspark SparkS
 
     with session_conf(spark, {"spark.sql.streaming.stateStore.providerClass": STATE_STORE}):
         yield
+
+
+def wait_port(port: int, proc: subprocess.Popen, what: str = "the server", timeout: float = 240) -> None:
+    """Wait until `proc` (e.g. `rulectl connect`) listens on `port` on localhost."""
+    import socket
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        assert proc.poll() is None, f"{what} exited"
+        try:
+            socket.create_connection(("127.0.0.1", port), 1).close()
+            return
+        except OSError:
+            time.sleep(0.5)
+    raise TimeoutError(f"{what} never listened on port {port}")

@@ -18,9 +18,14 @@ Both shorten a warm backtest (bench_backtest.py, docs/benchmarks.md).
 A local checkpoint is not recomputed: were an executor lost, its blocks would be gone
 and the run would fail ("Checkpoint block ... not found"), where a cache recomputes
 the lost partitions. So it is used only on a local master, whose executor is the
-driver's own JVM (a run that loses it is lost anyway). On a cluster (`spark://...`,
-`local-cluster[...]`) and on Spark Connect the events are cached (`persist`) and
-unpersisted at the end, as before.
+driver's own JVM (a run that loses it is lost anyway), a classic session's or a Spark
+Connect server's alike. On a cluster (`spark://...`, `local-cluster[...]`) the events
+are cached (`persist`) and unpersisted at the end.
+
+On Spark Connect the leaf matters most: the client sends the whole plan at every schema
+question, and the server analyzes it from scratch (each rule group's JVM pass analyzes
+its input again), so over a cached DataFrame every such question re-walked the scan of
+every recorded topic.
 
 Spark has no API to drop a local checkpoint; its blocks would stay until the driver's
 garbage collector collects the RDD, which on a warm session may be much later. So the
@@ -34,6 +39,7 @@ from contextlib import contextmanager
 
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame
+from pyspark.sql.connect.dataframe import DataFrame as ConnectDataFrame
 
 # As rows, not serialized: every rule group's stage, the dead letters and the summary
 # pass over the kept events (a dozen passes in the benchmark), and PySpark's
@@ -44,11 +50,9 @@ LEVEL = StorageLevel.MEMORY_AND_DISK_DESER
 
 
 def checkpoint_is_safe(df: DataFrame) -> bool:
-    """Whether `df` may be kept as a local checkpoint: a classic session on a local
-    master (one JVM). Spark Connect sessions have no `_jdf`."""
-    if getattr(df, "_jdf", None) is None:
-        return False
-    master = df.sparkSession.sparkContext.master
+    """Whether `df` may be kept as a local checkpoint: its session (classic, or the
+    Spark Connect server's) runs on a local master (one JVM)."""
+    master = df.sparkSession.conf.get("spark.master", "") or ""
     return master == "local" or master.startswith("local[")
 
 
@@ -64,6 +68,11 @@ def kept(df: DataFrame) -> Iterator[DataFrame]:
             cached.unpersist()
         return
     leaf = df.localCheckpoint(eager=False, storageLevel=LEVEL)
+    if isinstance(leaf, ConnectDataFrame):
+        # A reference to a DataFrame the server keeps for the session; pyspark releases
+        # it (RemoveRemoteCachedRelation) when the last DataFrame over it is dropped.
+        yield leaf
+        return
     # The checkpoint's plan is a LogicalRDD over the RDD whose blocks are kept.
     rdd = leaf._jdf.queryExecution().analyzed().rdd()
     try:

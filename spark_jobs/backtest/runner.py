@@ -9,7 +9,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from functools import reduce
 from pathlib import Path
 from typing import TypeVar
 
@@ -17,10 +16,11 @@ from pyspark import InheritableThread
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from spark_jobs.backtest.inputs import InputSpec, read_input
+from spark_jobs.backtest.inputs import InputSpec, read_inputs
 from spark_jobs.backtest.kept import LEVEL as KEEP_LEVEL
 from spark_jobs.backtest.kept import kept
 from spark_jobs.engine.events import classify, split, with_reasons
+from spark_jobs.engine.frames import union_all
 from spark_jobs.engine.pipeline import EngineResult, active_rules, evaluate
 from spark_jobs.engine.values import Fields, extract_fields
 from spark_jobs.rules.loader import RuleError, load_rules
@@ -135,7 +135,7 @@ def _counts(parsed: DataFrame, lines: DataFrame, result: EngineResult) -> DataFr
         *[n_only(df, "routed", rid) for rid, df in result.routed.items()],
         *[n_only(df, "primaries", rid) for rid, df in result.primaries.items()],
     ]
-    return reduce(lambda a, b: a.unionByName(b), parts)
+    return union_all(parts)
 
 
 _COUNTS_PART = "counts"
@@ -258,7 +258,7 @@ def _evaluate_and_write(spark: SparkSession, parsed: DataFrame, fields: Fields, 
     result, malformed = _alongside(spark, parsed.count, plan)
     # Routed velocity emits feed correlation rules and the summary: compute them once.
     result.routed = {rid: df.persist(KEEP_LEVEL) for rid, df in result.routed.items()}
-    dead = reduce(lambda a, b: a.unionByName(b), [malformed, *result.dead_letters])
+    dead = union_all([malformed, *result.dead_letters])
     try:
         return _write_and_count(parsed, _output_lines(result.evaluated, dead), result, out_dir), result
     finally:
@@ -287,8 +287,7 @@ def _run(spark: SparkSession, cfg: BacktestConfig) -> dict:
         # reasons a record is no event are derived; nothing is parsed again.
         classified, topics = _archive_input(spark, cfg.history, rules)
     else:
-        raw = reduce(lambda a, b: a.unionByName(b), [read_input(spark, s, i) for i, s in enumerate(cfg.inputs)])
-        classified = classify(raw)
+        classified = classify(read_inputs(spark, cfg.inputs))
     # Parsed once, every field the rules read extracted once, and kept: every rule, the
     # dead letters and the summary read it. The VARIANT itself is not kept; the
     # extracted columns are all the rules need and are cheaper to scan.

@@ -25,9 +25,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--allow-data-loss", action="store_true",
                    help="go on (from the earliest offset there is) when checkpointed offsets vanished or went back; "
                         "default: stop with Spark's data-loss error")
-    p.add_argument("--keyed-operator", choices=["jvm", "python"], default=None,
-                   help="the velocity/correlation operator of a new checkpoint (default: $DETECT_KEYED_OPERATOR, "
-                        "else the job's default); a checkpoint keeps the one it started with")
     p.set_defaults(func=_run)
 
 
@@ -38,6 +35,6 @@ def _run(args: argparse.Namespace) -> int:
         rules_topic=args.rules_topic, status_topic=args.status_topic, checkpoint=args.checkpoint,
         trigger_ms=args.trigger_ms, max_offsets_per_trigger=args.max_offsets_per_trigger,
         starting_offsets=args.starting_offsets, master=args.master, status_file=args.status_file,
-        fail_on_data_loss=not args.allow_data_loss, keyed_operator=args.keyed_operator,
+        fail_on_data_loss=not args.allow_data_loss,
     )
     return run(cfg)

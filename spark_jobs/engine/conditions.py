@@ -8,7 +8,6 @@ operators on non-numeric values never match; otherwise `==`/`!=` compare JSON va
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Callable, Iterable
@@ -132,25 +131,3 @@ def all_conditions(v: Column, conditions: Iterable[Condition], values: dict[str,
     `values` holds paths already extracted (values.extract_fields)."""
     cols = [condition_column(v, c, values) for c in conditions]
     return reduce(lambda a, b: a & b, cols, F.lit(True))
-
-
-def compare_json(json_value: str | None, operator: str, value: object) -> bool:
-    """`compare` for one JSON value in Python, for the few decisions the live job makes
-    outside the JVM (a `last` context value under metric `direct`). Same semantics."""
-    if json_value is None:
-        return False
-    x = json.loads(json_value)
-    if x is None:
-        return False
-    num = rule_value_number(value)
-    if num is not None:
-        a = _py_number(x)
-        if operator == "!=":
-            return a is None or a != num
-        if a is None:
-            return False
-        return {"==": a == num, ">": a > num, "<": a < num, ">=": a >= num, "<=": a <= num}[operator]
-    if operator not in ("==", "!="):
-        return False
-    same = (isinstance(x, bool) and x is value) if isinstance(value, bool) else (isinstance(x, str) and x == str(value))
-    return same if operator == "==" else not same

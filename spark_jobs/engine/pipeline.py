@@ -8,7 +8,6 @@ receive exactly the events those rules emitted, which never reach the sink.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import reduce
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -16,6 +15,7 @@ from pyspark.sql import functions as F
 from spark_jobs.engine.correlation import correlation_rule
 from spark_jobs.engine.detections import render
 from spark_jobs.engine.emits import EMIT_COLUMNS
+from spark_jobs.engine.frames import union_all
 from spark_jobs.engine.threshold import threshold_emits
 from spark_jobs.engine.values import Fields, extract_fields
 from spark_jobs.engine.velocity import velocity_rules
@@ -38,7 +38,7 @@ class EngineResult:
 def _union(dfs: list[DataFrame]) -> DataFrame | None:
     if not dfs:
         return None
-    return reduce(lambda a, b: a.unionByName(b), dfs)
+    return union_all(dfs)
 
 
 def active_rules(rules: list[AnyRule]) -> list[AnyRule]:

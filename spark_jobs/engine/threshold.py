@@ -14,6 +14,7 @@ from pyspark.sql import functions as F
 
 from spark_jobs.engine.conditions import all_conditions
 from spark_jobs.engine.emits import explode_matching, matching, rule_table
+from spark_jobs.engine.frames import union_all
 from spark_jobs.engine.values import Fields
 from spark_jobs.rules.model import ThresholdRule
 
@@ -43,7 +44,4 @@ def threshold_emits(events: DataFrame, rules: list[ThresholdRule], fields: Field
         )
     if not outs:
         return None
-    out = outs[0]
-    for o in outs[1:]:
-        out = out.unionByName(o)
-    return out
+    return union_all(outs)

@@ -127,10 +127,15 @@ MIN_EVENT_MS = -62_135_596_800_000
 MAX_EVENT_MS = 253_402_300_799_999
 
 
+def _in_range(ms: Column) -> Column:
+    """Years 0001 to 9999 (docs/rule-language.md, "Timestamps"); others are unusable."""
+    return (ms >= F.lit(MIN_EVENT_MS)) & (ms <= F.lit(MAX_EVENT_MS))
+
+
 def epoch_to_ms(d: Column) -> Column:
+    # The range is tested on the double, before floor (which a huge double would overflow).
     ms = F.when(d > F.lit(EPOCH_MS_CUTOFF), d).otherwise(d * F.lit(1000.0))
-    in_range = (ms >= F.lit(float(MIN_EVENT_MS))) & (ms <= F.lit(float(MAX_EVENT_MS)))
-    return F.when(in_range, F.floor(ms).cast("long"))
+    return F.when(_in_range(ms), F.floor(ms).cast("long"))
 
 
 def timestamp_ms(x: Column) -> Column:
@@ -146,8 +151,8 @@ def timestamp_of(num: Column, text: Column) -> Column:
     """`timestamp_ms` from a value's number and string forms (see FieldValue)."""
     # The ISO parse sits in the ELSE branch alone, so an epoch number never pays for it
     # (a CASE's shared subexpressions are computed for every row).
-    iso = F.try_to_timestamp(text)
-    return F.when(num.isNotNull(), epoch_to_ms(num)).otherwise(F.floor(F.unix_micros(iso) / F.lit(1000)).cast("long"))
+    iso = F.floor(F.unix_micros(F.try_to_timestamp(text)) / F.lit(1000)).cast("long")
+    return F.when(num.isNotNull(), epoch_to_ms(num)).otherwise(F.when(_in_range(iso), iso))
 
 
 @dataclass(frozen=True)

@@ -341,65 +341,14 @@ class EmbeddedBroker:
         config = self._write_config()
         self._format(config)
         if self.security is not None and not self._scram_marker.exists():
-            if self.quorum_voters:  # one member alone cannot run a quorum to migrate
-                raise BrokerError(f"{self.data_dir} was formatted without SASL users: use a new --data-dir "
-                                  "(or --insecure, development only)")
-            self._add_scram_users()
-            config = self._write_config()
+            raise BrokerError(f"{self.data_dir} was formatted without SASL users: use a new --data-dir "
+                              "(or --insecure, development only)")
         self._proc = self._spawn(config)
         return self
 
     @property
     def _scram_marker(self) -> Path:
         return self.data_dir / "scram.users"
-
-    def _add_scram_users(self) -> None:
-        """A log formatted without SCRAM users (a work folder from before security was
-        on by default) gets them here, once: the broker runs briefly with one extra
-        plaintext listener on a free loopback port, where the anonymous principal is a
-        super user (as on the controller listener), the users are stored through it, and
-        the broker stops; from then on it starts with its SASL listener only. The data
-        (topics, rules, the job's offsets) stays."""
-        assert self.security is not None
-        port = free_port(self.host)
-        listeners = self.security.server_properties(self.host, self.port, self._controller_port())
-        # Advertised too: a client gets the brokers of the listener it connected to.
-        extra = {
-            "listeners": f"{listeners['listeners']},MIGRATE://{self.host}:{port}",
-            "advertised.listeners": f"{listeners['advertised.listeners']},MIGRATE://{self.host}:{port}",
-            "listener.security.protocol.map": f"{listeners['listener.security.protocol.map']},MIGRATE:PLAINTEXT",
-        }
-        self._proc = self._spawn(self._write_config(extra))
-        try:
-            from confluent_kafka.admin import (
-                ScramCredentialInfo,
-                ScramMechanism,
-                UserScramCredentialUpsertion,
-            )
-
-            admin = AdminClient({"bootstrap.servers": f"{self.host}:{port}", "logger": _BOOT_LOGGER})
-            deadline = time.monotonic() + self.startup_timeout
-            while True:
-                if self._proc.poll() is not None:
-                    raise BrokerError(f"kafka exited with code {self._proc.returncode}: {self._log_tail()}")
-                try:
-                    if admin.list_topics(timeout=1.0).brokers:
-                        break
-                except Exception:  # noqa: BLE001 - not listening yet
-                    pass
-                if time.monotonic() > deadline:
-                    raise BrokerError(f"adding SCRAM users to {self.data_dir}: broker not ready in "
-                                      f"{self.startup_timeout}s: {self._log_tail()}")
-                time.sleep(0.2)
-            info = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192)
-            ups = [UserScramCredentialUpsertion(u, info, pw.encode()) for u, pw in self.security.passwords.items()]
-            for fut in admin.alter_user_scram_credentials(ups, request_timeout=30).values():
-                fut.result(30)
-            self._scram_marker.write_text("SCRAM users added to an existing log\n")
-        finally:
-            own, self._own_dir = self._own_dir, False  # a stop that never removes the log
-            self.stop()
-            self._own_dir = own
 
     def wait_ready(self) -> None:
         """Block until this broker answers metadata requests (BrokerError if it died)."""

@@ -26,7 +26,7 @@ from pyspark.sql import functions as F
 from spark_jobs.engine.conditions import compare_spec
 from spark_jobs.engine.values import Fields, FieldValue, extract_paths
 from spark_jobs.rules.model import parse_rule
-from spark_jobs.streaming.processor import PASS_GID, Slot
+from spark_jobs.streaming.keyed_rows import PASS_GID, Slot
 from spark_jobs.streaming.rules_source import Cond, RuleRow, rule_rows
 
 
@@ -236,7 +236,7 @@ def key_rows(events: DataFrame, rows: Sequence[RuleRow], max_ahead_ms: int = 5_0
 
     Why: with one row per (event, rule), the operator's per-row cost (pyspark's input
     path, regrouping, the event's text on every row) held the job down; the rules on
-    one key are evaluated together instead (processor.py). Records that are not events
+    one key are evaluated together instead (jvm_operator.py). Records that are not events
     (`_reason` set) enter no key group (job.py `event_rows` carries them as dead letters).
 
     `threshold`: threshold rule rows, read in the same projections (each path once for
@@ -265,7 +265,7 @@ def key_rows(events: DataFrame, rows: Sequence[RuleRow], max_ahead_ms: int = 5_0
     tcol = {p: f"t{i}" for i, p in enumerate(ts_paths)}
     acol = {p: f"a{i}" for i, p in enumerate(ts_paths)}
     ncol = {p: f"n{i}" for i, p in enumerate(val_paths)}
-    # The JSON text goes to Python only where a rule keeps or compares it (distinct
+    # The JSON text goes to the operator only where a rule keeps or compares it (distinct
     # counts, a correlation's `last` context); elsewhere the check below is enough.
     jcol = {p: f"j{i}" for i, p in enumerate(val_paths)
             if any(r.val_path == p and (r.val_need == "json" or r.rule_type == "correlation") for r in rows)}
@@ -274,7 +274,7 @@ def key_rows(events: DataFrame, rows: Sequence[RuleRow], max_ahead_ms: int = 5_0
     def far_of(r: RuleRow) -> str | None:
         return acol[r.ts_path] if r.ts_path and r.event_time else None
 
-    slots = [Slot(r.rule_ref, None, r.role, r.event_time, tcol[r.ts_path] if r.ts_path else "proc_ms", far_of(r),
+    slots = [Slot(r.rule_ref, r.role, r.event_time, tcol[r.ts_path] if r.ts_path else "proc_ms", far_of(r),
                   ncol.get(r.val_path or ""), jcol.get(r.val_path or "")) for r in rows]
 
     # Step 1: each time and value once per event.

@@ -11,11 +11,9 @@ Plan of one micro-batch, one line from one scan of the input to one Kafka write:
        plus one row, at most, of each of: its threshold matches (the rules' indexes),
        its dead letter (a record that is no event), its context record for the
        correlation rules fed by a velocity rule (`event_rows`)
-    -> the first keyed operator, keyed by (key group, bucket of the key): the JVM's
-       transformWithState (jvm_operator.py, `keyed_operator` "jvm") or
-       transformWithStateInPandas with the bucket's keys and their rules' sub-states
-       in one state value, read and written once per batch (processor.py, "python");
-       the two write the same rows; the rows of no key group pass through it
+    -> the first keyed operator, keyed by (key group, bucket of the key): a Java
+       StatefulProcessor on transformWithState (jvm_operator.py); the rows of no key
+       group pass through it
     -> the second keyed operator, chained behind the first in every plan (`_chain`):
        correlation rules fed by a velocity rule (`velocity_filter_rule_id`) judge that
        rule's emits (`emit_to_sink: false`) of the same micro-batch and the context
@@ -53,7 +51,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal
 
 from confluent_kafka import Producer
 from pyspark.sql import Column, DataFrame, Observation, SparkSession
@@ -69,15 +66,8 @@ from spark_jobs.kafka.client_config import with_bootstrap
 from spark_jobs.kafka.spark_io import read_stream, write_stream
 from spark_jobs.rules.model import job_watermark_delay_s
 from spark_jobs.streaming.compiled import SKIP_SEP, RuleRow, key_rows, read_snapshot, rows_of, rule_identity
-from spark_jobs.streaming.jvm_operator import keyed_operator as jvm_keyed_operator
-from spark_jobs.streaming.processor import (
-    CHAINED_SCHEMA,
-    OUTPUT_COLUMNS,
-    OUTPUT_SCHEMA,
-    PASS_GID,
-    DetectionProcessor,
-    Slot,
-)
+from spark_jobs.streaming.jvm_operator import keyed_operator
+from spark_jobs.streaming.keyed_rows import OUTPUT_COLUMNS, OUTPUT_SCHEMA, PASS_GID, Slot
 from spark_jobs.streaming.quarantine import OffsetRange, Quarantine, quarantine_reason
 from spark_jobs.streaming.registry import ROUTED_TOPIC, RuleProblem, RuleRegistry
 from spark_jobs.streaming.rules_source import RULE_DEFS
@@ -109,13 +99,9 @@ class DetectConfig:
     fail_on_data_loss: bool = True
     master: str | None = None
     status_file: Path | None = None
-    # Keys of a key group are spread over this many buckets (one Python call per bucket and
-    # micro-batch); fixed for a checkpoint (recorded in it), 0: the default.
+    # Keys of a key group are spread over this many buckets (one operator call per bucket
+    # and micro-batch); fixed for a checkpoint (recorded in it), 0: the default.
     key_buckets: int = 0
-    # The keyed operator (velocity, correlation): "jvm" (Java transformWithState) or
-    # "python" (transformWithStateInPandas); the same output, different state layouts,
-    # so fixed for a checkpoint (recorded in it); None: $DETECT_KEYED_OPERATOR, else the default.
-    keyed_operator: Literal["jvm", "python"] | None = None
 
     @property
     def state_dir(self) -> Path:
@@ -126,11 +112,9 @@ class DetectConfig:
         return self.status_file or (self.checkpoint / "status.json")
 
 
-# Each (key group, bucket) of a micro-batch is one Python call with its own state read
-# and write. When it was (rule, bucket): with 12 keyed rules, 32 buckets were 384 calls
-# a batch, and 4 sustained about 10% more events/s in bench_detect.py. Fewer buckets
-# make each bucket's value (rewritten whole every batch) bigger; 4 keeps it near 500
-# keys at 2000 users.
+# Each (key group, bucket) of a micro-batch is one call of the keyed operator. When it
+# was (rule, bucket): with 12 keyed rules, 32 buckets were 384 calls a batch, and 4
+# sustained about 10% more events/s in bench_detect.py.
 DEFAULT_KEY_BUCKETS = 4
 BUCKETS_ENV = "DETECT_KEY_BUCKETS"
 
@@ -161,29 +145,6 @@ def key_buckets(cfg: DetectConfig) -> int:
 
     return int(_recorded(cfg, "key_buckets",
                          lambda: str(cfg.key_buckets or int(os.environ.get(BUCKETS_ENV) or DEFAULT_KEY_BUCKETS)), check))
-
-
-KeyedOperator = Literal["jvm", "python"]
-KEYED_OPERATORS: tuple[KeyedOperator, ...] = ("jvm", "python")
-DEFAULT_KEYED_OPERATOR: KeyedOperator = "jvm"
-KEYED_OPERATOR_ENV = "DETECT_KEYED_OPERATOR"
-
-
-def keyed_operator(cfg: DetectConfig) -> KeyedOperator:
-    """The keyed operator of this checkpoint: the one recorded at the first start wins
-    over a later setting (the other's state layout cannot resume it). A checkpoint from
-    before the choice existed (a query ran on it, no record) is the Python one's."""
-
-    def setting() -> str:
-        if (cfg.checkpoint / "query").exists():
-            return "python"
-        return cfg.keyed_operator or os.environ.get(KEYED_OPERATOR_ENV) or DEFAULT_KEYED_OPERATOR
-
-    def check(v: str) -> None:
-        if v not in KEYED_OPERATORS:
-            raise ValueError(f"keyed operator must be one of {KEYED_OPERATORS}, not {v!r}")
-
-    return _recorded(cfg, "keyed_operator", setting, check)  # type: ignore[return-value]
 
 
 def _cores(spark: SparkSession) -> int:
@@ -271,20 +232,6 @@ def _input(spark: SparkSession, cfg: DetectConfig, topics: list[str], min_partit
         F.unix_millis("timestamp").alias("proc_ms"),
         quarantine_reason(quarantined or []).alias("_quarantine"),
     )
-
-
-# Test-only fault injection: a record whose text holds this marker fails its micro-batch
-# (in the JVM) unless it is quarantined; how the quarantine is proven on a real query.
-FAULT_MARKER_ENV = "DETECT_FAULT_MARKER"
-
-
-def _with_fault(raw: DataFrame) -> DataFrame:
-    marker = os.environ.get(FAULT_MARKER_ENV)
-    if not marker:
-        return raw
-    fails = F.col("raw").contains(F.lit(marker)) & F.col("_quarantine").isNull()
-    return raw.withColumn("raw", F.when(fails, F.raise_error(F.lit(f"injected fault ({FAULT_MARKER_ENV})")))
-                          .otherwise(F.col("raw")))
 
 
 # Kafka refuses records over the topic's `max.message.bytes` (1 MB by default): a
@@ -403,11 +350,10 @@ def _operator_input(rows: DataFrame, buckets: int) -> DataFrame:
 
 def build(spark: SparkSession, cfg: DetectConfig, watermark_delay_s: float, topics: list[str],
           rules: Sequence[RuleRow], buckets: int = DEFAULT_KEY_BUCKETS, min_partitions: int = 0,
-          quarantined: list[OffsetRange] | None = None, operator: KeyedOperator = DEFAULT_KEYED_OPERATOR,
-          ) -> DataFrame:
+          quarantined: list[OffsetRange] | None = None) -> DataFrame:
     """The whole job as one streaming DataFrame of (topic, key, value) Kafka records,
     with `rules` (the rule set in force) compiled into it (compiled.py), velocity and
-    correlation through the keyed `operator` ("jvm" or "python": the same rows).
+    correlation through the JVM keyed operators (jvm_operator.py).
 
     One line from one scan of the input to one Kafka write: every event's threshold
     matches, dead letters and context records pass through both keyed operators
@@ -416,7 +362,7 @@ def build(spark: SparkSession, cfg: DetectConfig, watermark_delay_s: float, topi
 
     Records in `quarantined` offset ranges are dead letters, never evaluated (quarantine.py).
     """
-    raw = classify(_with_fault(_input(spark, cfg, topics, min_partitions, quarantined)))
+    raw = classify(_input(spark, cfg, topics, min_partitions, quarantined))
     raw = raw.withColumn("_reason", F.coalesce(F.col("_quarantine"), F.col("_reason")))
 
     # Correlation rules fed by a velocity rule (`velocity_filter_rule_id`) are the second
@@ -434,14 +380,8 @@ def build(spark: SparkSession, cfg: DetectConfig, watermark_delay_s: float, topi
         "wm_ts", f"{delay_ms} milliseconds")
     stateful_in = _operator_input(watermarked.drop("wm_ts"), buckets)
     defs_dir = str(cfg.state_dir / RULE_DEFS)
-    if operator == "jvm":
-        first = jvm_keyed_operator(stateful_in, slots, defs_dir, place="first")
-    else:
-        first = stateful_in.groupBy("gid", "bucket").transformWithStateInPandas(
-            DetectionProcessor(slots, defs_dir, chained=True, passes=True), CHAINED_SCHEMA, "Append", "EventTime",
-            eventTimeColumnName="et",
-        )
-    out = _chain(first, [r for r in keyed_rules if r.rule_id in fed], buckets, defs_dir, operator, max_ahead_ms)
+    first = keyed_operator(stateful_in, slots, defs_dir, place="first")
+    out = _chain(first, [r for r in keyed_rules if r.rule_id in fed], buckets, defs_dir, max_ahead_ms)
     out = threshold_detections(out, threshold_of(rules))
 
     members = F.when(F.col("rule_type") == "threshold", F.lit("")).when(
@@ -463,8 +403,7 @@ _PASSED = [c for c in OUTPUT_COLUMNS if c not in ("topic", "seq", "raw")]
 PASS_BUCKETS = 64
 
 
-def _chain(first: DataFrame, rows: list[RuleRow], buckets: int, defs_dir: str, operator: KeyedOperator,
-           max_ahead_ms: int) -> DataFrame:
+def _chain(first: DataFrame, rows: list[RuleRow], buckets: int, defs_dir: str, max_ahead_ms: int) -> DataFrame:
     """The second operator, present in every plan (with no rules when no correlation
     rule in force is fed by a velocity rule): the fed correlation rules `rows` on the
     first operator's routed emits of this micro-batch and on their context records
@@ -497,11 +436,7 @@ def _chain(first: DataFrame, rows: list[RuleRow], buckets: int, defs_dir: str, o
                                  skipped_metric="skipped_routed",
                                  passing=[(F.col("_carry").isNotNull(), F.col("_carry"))])
     stateful_in = _operator_input(from_first, buckets)
-    if operator == "jvm":
-        return jvm_keyed_operator(stateful_in, slots, defs_dir, place="second")
-    return stateful_in.groupBy("gid", "bucket").transformWithStateInPandas(
-        DetectionProcessor(slots, defs_dir, passes=True), OUTPUT_SCHEMA, "Append", "EventTime"
-    )
+    return keyed_operator(stateful_in, slots, defs_dir, place="second")
 
 
 # ------------------------------------------------------------------------------ status
@@ -671,7 +606,7 @@ def _start_query(spark: SparkSession, cfg: DetectConfig, delay: float, topics: l
     # projections again, so more tasks than cores only add that work (bench_detect.py,
     # docs/benchmarks.md).
     plan = build(spark, cfg, delay, topics, rows, key_buckets(cfg), min_partitions=_cores(spark),
-                 quarantined=quarantine.active_ranges(), operator=keyed_operator(cfg))
+                 quarantined=quarantine.active_ranges())
     query = (
         write_stream(plan, cfg.bootstrap, role=ROLE)
         .option("checkpointLocation", str(cfg.checkpoint / "query"))

@@ -1,19 +1,16 @@
-"""The live job's keyed operator in the JVM: a drop-in for processor.DetectionProcessor.
+"""The live job's keyed operator, in the JVM: velocity and correlation rules by key.
 
-The Python operator (transformWithStateInPandas) is what caps the live job's throughput:
-every row crosses to a Python worker and back, and every state call is a round trip.
-The JVM operator (spark_jobs/jvm/processor, `ruleplatform.keyed.DetectionProcessor`,
-a Java StatefulProcessor for transformWithState) takes exactly the same input rows
-(compiled.key_rows plus `bucket`), grouped by the same (gid, bucket), and writes exactly
-the same OUTPUT_SCHEMA rows, so everything downstream is unchanged.
+`ruleplatform.keyed.DetectionProcessor` (spark_jobs/jvm/processor) is a Java
+StatefulProcessor for transformWithState: it takes the key rows of compiled.key_rows
+plus `bucket`, grouped by (gid, bucket), and writes OUTPUT_SCHEMA rows
+(keyed_rows.py). Rows and state stay in the JVM: no row crosses to a Python worker and
+no state call is a round trip.
 
-The rules reach it once, when the plan is built: `operator_spec` resolves each slot's
-rule as the Python processor does (by reference in the job's defs_dir, or whole) and
-hands the JVM the values the rule model derives (window and lookback in ms, the
-watermark delay in ms, the state signature, the condition's typed value), so the JVM
-re-derives nothing the model defines. Its state layout (a MapState entry per key and
-rule, plus the bucket's timer) is its own: a checkpoint written by one operator cannot
-be resumed by the other.
+The rules reach it once, when the plan is built: `operator_spec` reads each slot's rule
+by reference in the job's defs_dir and hands the JVM the values the rule model derives
+(window and lookback in ms, the watermark delay in ms, the state signature, the
+condition's typed value), so the JVM re-derives nothing the model defines. Its state
+is a MapState entry per key and rule, plus the bucket's timer.
 """
 
 from __future__ import annotations
@@ -26,7 +23,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from spark_jobs.engine.conditions import value_spec
 from spark_jobs.rules.model import AnyRule, CorrelationRule, VelocityRule
-from spark_jobs.streaming.processor import CHAINED_SCHEMA, OUTPUT_SCHEMA, Slot, slot_rule
+from spark_jobs.streaming.keyed_rows import CHAINED_SCHEMA, OUTPUT_SCHEMA, Slot, slot_rule
 
 OPERATOR_CLASS = "ruleplatform.keyed.KeyedOperator"
 
@@ -40,6 +37,7 @@ def rule_spec(rule: AnyRule, signature: str) -> dict:
         "name": rule.name,
         "signature": signature,
         "uses_event_time": rule.uses_event_time,
+        "timestamp_field": rule.timestamp_field,
         "window_ms": rule.window_ms,
     }
     if isinstance(rule, VelocityRule):
@@ -70,7 +68,7 @@ def rule_spec(rule: AnyRule, signature: str) -> dict:
     return d
 
 
-def operator_spec(slots: Sequence[Slot], defs_dir: str | None = None) -> str:
+def operator_spec(slots: Sequence[Slot], defs_dir: str) -> str:
     """The slots and their rules as the JVM operator's constructor argument (JSON)."""
     out = []
     for slot in slots:
@@ -82,10 +80,10 @@ def operator_spec(slots: Sequence[Slot], defs_dir: str | None = None) -> str:
     return json.dumps({"slots": out}, allow_nan=False)
 
 
-def keyed_operator(stateful_in: DataFrame, slots: Sequence[Slot], defs_dir: str | None = None,
+def keyed_operator(stateful_in: DataFrame, slots: Sequence[Slot], defs_dir: str,
                    place: Literal["alone", "first", "second"] = "alone") -> DataFrame:
     """`stateful_in` (key rows with `gid`, `bucket` and the job's watermark) through the
-    JVM operator: OUTPUT_SCHEMA rows, as the Python operator writes them.
+    JVM operator: OUTPUT_SCHEMA rows; the slots' rules are read from `defs_dir`.
 
     `place` in the live plan's chain (job.py `build`): "first" adds `et` (CHAINED_SCHEMA)
     for the operator behind it; "second" hands the PASS_GID groups' rows on unchanged,

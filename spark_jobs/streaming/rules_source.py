@@ -26,7 +26,7 @@ from spark_jobs.rules.model import (
 
 # Folder (in the job's state directory) of rule definitions by content hash: the keyed
 # operator's rows name their rule by `rule_ref` instead of carrying its JSON (about
-# 600 bytes copied per (event, rule) row and sent to Python with each). A reference
+# 600 bytes copied per (event, rule) row and shuffled with each). A reference
 # names one text forever, so an operator reading it later still gets the rule of its
 # micro-batch, whatever the registry has written since.
 RULE_DEFS = "rule_defs"

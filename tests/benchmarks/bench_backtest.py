@@ -11,8 +11,7 @@ event archive (spark_jobs.archive.table: parsed once, partitioned by topic and d
 one Kafka partition per topic with the file's line order as offsets), and the timed
 backtest reads a window of that table instead of the files (`rulectl backtest
 --history`); each --repeat run's window ends a millisecond later, as a window of the
-last hour moves between backtests. The baseline is tests/benchmarks/bench_python_loop.py
-on the same events.
+last hour moves between backtests.
 """
 
 from __future__ import annotations
@@ -23,12 +22,16 @@ import json
 import os
 import platform
 import random
+import sys
 import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
 
 import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from record import append_result  # noqa: E402
 
 # The rule set, shared with bench_backtest_floor.py, which spells the same rules out.
 EVENT_TYPES = ["purchase", "click", "view", "transfer"]
@@ -109,8 +112,8 @@ def make_events(path: Path, ctx_path: Path, n: int, seed: int = 7) -> None:
 
 def prepare(keep: Path | None, events: int, prefix: str) -> tuple[Path, Path, Path]:
     """The work folder (`keep`, or a new temp dir) with the rules and, unless already
-    there, the events: (folder, events file, context file). Shared with
-    bench_python_loop.py, so both measure the same files."""
+    there, the events: (folder, events file, context file). Shared with the other
+    benchmarks (--keep DIR), so they measure the same files."""
     work = keep or Path(tempfile.mkdtemp(prefix=prefix))
     (work / "rules").mkdir(parents=True, exist_ok=True)
     make_rules(work / "rules")
@@ -212,6 +215,12 @@ def main() -> None:
         print(f"run {run + 1}: backtest of {args.events} events from {source}: {elapsed:.1f}s -> "
               f"{args.events / elapsed:,.0f} events/s (Spark JVM CPU {cpu:.1f}s, of it JIT compiling "
               f"{jit:.1f}s; driver Python {py:.1f}s; busy {(cpu + py) / (2 * elapsed):.0%} of 2 cores)")
+        append_result("backtest", {
+            "elapsed_s": round(elapsed, 1), "events_per_s": round(args.events / elapsed),
+            "jvm_cpu_s": round(cpu, 1), "jit_s": round(jit, 1), "driver_cpu_s": round(py, 1),
+            "detections": summary["detections"],
+        }, events=args.events, source="table" if args.table else "json", run=run + 1, only=args.only,
+            conf=args.conf or None)
 
 
 if __name__ == "__main__":

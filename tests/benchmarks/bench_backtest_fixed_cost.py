@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from record import append_result  # noqa: E402
 
 
 def _child(events: int, rules: Path, work: Path) -> dict:
@@ -95,8 +97,9 @@ def main() -> None:
         sys.exit(out.stderr[-3000:])
     result = json.loads(out.stdout.strip().splitlines()[-1])
     result["process_wall_s"] = round(wall, 2)
-    result["load_average"] = os.getloadavg()
     print(json.dumps(result, indent=2))
+    events = result.pop("events")
+    append_result("backtest_fixed_cost", result, events=events, rules=str(args.rules))
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from confluent_kafka import Producer
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 from cluster_helpers import free_block  # noqa: E402
 from detect_harness import DetectJob  # noqa: E402
+from record import append_result  # noqa: E402
 
 from spark_jobs.kafka.cluster import KafkaCluster  # noqa: E402
 from spark_jobs.kafka.publisher import publish_rules  # noqa: E402
@@ -96,6 +97,7 @@ def main() -> None:
             for w in args.workers:
                 rate = drain(kafka, work, w, args.events)
                 print(f"workers={w} (1 core, 1g each): {rate:,.0f} events/s over {args.events:,} events", flush=True)
+                append_result("cluster", {"events_per_s": round(rate)}, workers=w, events=args.events)
 
 
 if __name__ == "__main__":

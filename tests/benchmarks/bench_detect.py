@@ -35,6 +35,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 from bench_backtest import make_rules  # noqa: E402
 from detect_harness import DetectJob  # noqa: E402
+from record import append_result  # noqa: E402
 
 from spark_jobs.kafka.broker import EmbeddedBroker, free_port  # noqa: E402
 from spark_jobs.kafka.publisher import publish_rules  # noqa: E402
@@ -106,23 +107,30 @@ def sample_batches(job: DetectJob, stop: threading.Event, out: dict[int, dict]) 
         stop.wait(0.2)
 
 
-def print_rate_and_latency(total: int, done_s: float, lat: list[float], what: str) -> None:
-    """Sustained events/s and the p50/p99 of `lat` (ms from produce to `what` on the sink)."""
+def print_rate_and_latency(total: int, done_s: float, lat: list[float], what: str) -> dict:
+    """Sustained events/s and the p50/p99 of `lat` (ms from produce to `what` on the sink);
+    returns them as figures."""
+    out = {"events_per_s": round(total / done_s), f"{what}s": len(lat)}
     print(f"sustained: {total / done_s:,.0f} events/s")
     if lat:
         lat = sorted(lat)
         p50 = statistics.median(lat)
         p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))]
+        out.update(latency_p50_s=round(p50 / 1000, 2), latency_p99_s=round(p99 / 1000, 2))
         print(f"{what}s: {len(lat)}; latency produce->{what} p50 {p50 / 1000:.2f}s p99 {p99 / 1000:.2f}s")
+    return out
 
 
-def print_batches(batches: dict[int, dict]) -> None:
+def print_batches(batches: dict[int, dict]) -> dict:
     busy = [b for b in batches.values() if b["rows"] > 0]
     if not busy:
-        return
+        return {}
     med = {k: statistics.median(b.get(k, 0) for b in busy) for k in busy[0] if k != "rows"}
-    print(f"batches with input: {len(busy)} (of {len(batches)} seen); median rows {statistics.median(b['rows'] for b in busy):,.0f}")
+    rows = statistics.median(b["rows"] for b in busy)
+    print(f"batches with input: {len(busy)} (of {len(batches)} seen); median rows {rows:,.0f}")
     print("median ms per batch: " + ", ".join(f"{k} {v:,.0f}" for k, v in sorted(med.items(), key=lambda kv: -kv[1])))
+    return {"batches_with_input": len(busy), "median_batch_rows": rows,
+            "median_batch_ms": {k: round(v) for k, v in med.items()}}
 
 
 def main() -> None:
@@ -165,8 +173,10 @@ def main() -> None:
     print(f"machine: {platform.machine()} {os.cpu_count()} cores, python {platform.python_version()}, Spark local[2], "
           f"trigger {args.trigger_ms} ms, {args.users} users, warm-up {args.warmup} s")
     print(f"produced {total} events in {produced_s:.1f}s (target {args.rate}/s); job caught up after {done_s:.1f}s")
-    print_rate_and_latency(total, done_s, lat, "detection")
-    print_batches(batches)
+    figures = print_rate_and_latency(total, done_s, lat, "detection")
+    figures.update(print_batches(batches), produced_s=round(produced_s, 1), caught_up_s=round(done_s, 1))
+    append_result("detect", figures, rate=args.rate, seconds=args.seconds, users=args.users,
+                  trigger_ms=args.trigger_ms, warmup_s=args.warmup)
 
 
 if __name__ == "__main__":

@@ -20,8 +20,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "benchmarks"), str(ROOT)]
 from detect_harness import DetectJob, detections, produce  # noqa: E402
+from record import append_result  # noqa: E402
 
 from spark_jobs.kafka.broker import EmbeddedBroker, free_port  # noqa: E402
 from spark_jobs.kafka.publisher import publish_rules  # noqa: E402
@@ -57,6 +58,8 @@ def main() -> None:
             batch, first = one_run(broker.bootstrap, work / "job")
             print(f"run {n + 1}: first micro-batch done after {batch:.1f} s, first detection on the sink after "
                   f"{first:.1f} s (see {work / 'job' / 'detect.log'} for the query's start)", flush=True)
+            append_result("first_detection", {"first_batch_s": round(batch, 1), "first_detection_s": round(first, 1)},
+                          run=n + 1)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ in the query that also runs the aggregation. Update output mode; no
 correlation, no dead letters, no routing. Where this misses a target, the target is
 beyond what Spark's own operators and connector do on this machine.
 
-`--backlog N`: the floor under bench_backlog.py's target instead of the live one. The
+`--backlog N`: the floor under bench_backlog.py's drain instead of the live job. The
 query is started and warmed on a few events; then bench_backtest.py's N events (the
 file bench_backlog.py drains, event-time ordered, 20k users) are produced at once, and
 the drain is timed from the first record sent to the end of the batch that read the
@@ -49,6 +49,7 @@ import pandas as pd
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 from bench_detect import consume_latencies, print_rate_and_latency, produce_events  # noqa: E402
+from record import append_result  # noqa: E402
 
 from spark_jobs.kafka.broker import EmbeddedBroker, free_port  # noqa: E402
 
@@ -140,6 +141,8 @@ def drain_backlog(query, bootstrap: str, args: argparse.Namespace) -> None:  # n
           f"load average {os.getloadavg()[0]:.1f}")
     print(f"produced {n} records in {produced_s:.1f}s; drained (every record read and written) after "
           f"{drain_s:.1f}s -> {n / drain_s:,.0f} events/s")
+    append_result("live_floor", {"events_per_s": round(n / drain_s), "drain_s": round(drain_s, 1),
+                                 "produced_s": round(produced_s, 1)}, **_variant(args), backlog=n)
 
 
 def main() -> None:
@@ -229,7 +232,16 @@ def main() -> None:
           + ("the rules as Spark's own JVM operators" if args.jvm_rules
              else f"{'with' if args.stateful else 'without'} a stateful operator"))
     print(f"produced {total} events in {produced_s:.1f}s (target {args.rate}/s); all on the sink after {done_s:.1f}s")
-    print_rate_and_latency(total, done_s, lat, "record")
+    figures = print_rate_and_latency(total, done_s, lat, "record")
+    append_result("live_floor", {**figures, "produced_s": round(produced_s, 1), "on_sink_s": round(done_s, 1)},
+                  **_variant(args), rate=args.rate, seconds=args.seconds, users=args.users)
+
+
+def _variant(args: argparse.Namespace) -> dict:
+    """What was measured: the plan's kind and its trigger."""
+    kind = "jvm-rules" if args.jvm_rules else "stateful" if args.stateful else "no rules"
+    trigger = f"real-time {args.real_time}" if args.real_time else f"{args.trigger_ms} ms"
+    return {"variant": kind, "trigger": trigger}
 
 
 if __name__ == "__main__":

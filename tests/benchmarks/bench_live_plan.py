@@ -30,6 +30,7 @@ from pyspark.sql import functions as F
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 from bench_backtest import jvm_cpu_s, make_rules  # noqa: E402
+from record import append_result  # noqa: E402
 
 from spark_jobs.engine.events import classify  # noqa: E402
 from spark_jobs.kafka import admin  # noqa: E402
@@ -86,6 +87,8 @@ def main() -> None:
             F.unix_millis("timestamp").alias("proc_ms"),
         ))
 
+        parts: dict[str, dict] = {}
+
         def timed(name: str, df: DataFrame) -> None:
             for _ in range(2):  # the second run is warm
                 cpu0, t0 = jvm_cpu_s(spark), time.time()
@@ -93,6 +96,8 @@ def main() -> None:
                 wall, cpu = time.time() - t0, jvm_cpu_s(spark) - cpu0
             print(f"{name}: {wall:.2f} s, {n / wall:,.0f} events/s; JVM CPU {cpu:.1f} s = {cpu / n * 1e6:.1f} us/event",
                   flush=True)
+            parts[name] = {"wall_s": round(wall, 2), "events_per_s": round(n / wall),
+                           "jvm_cpu_us_per_event": round(cpu / n * 1e6, 1)}
 
         print(f"machine: {platform.machine()} {platform.processor() or ''}, python {platform.python_version()}, "
               f"Spark local[2]; {n} events, {args.users} users, {len(rows)} rule rows compiled into the plan")
@@ -108,6 +113,12 @@ def main() -> None:
         print(f"operator rows per event: {counts['rows'] / n:.2f}, of which carried {counts['carried'] / n:.2f} "
               f"((event, keyed rule) pairs per event: {counts['pairs'] / n:.2f}, {len(slots)} keyed rule rows)")
         spark.stop()
+    append_result("live_plan", {
+        "read_us_per_event": parts["Kafka read"]["jvm_cpu_us_per_event"],
+        "classify_us_per_event": parts["Kafka read + classify (VARIANT parse)"]["jvm_cpu_us_per_event"],
+        "event_rows_us_per_event": parts["event_rows (the first operator's input)"]["jvm_cpu_us_per_event"],
+        "operator_rows_per_event": round(counts["rows"] / n, 2), "parts": parts,
+    }, events=n, users=args.users)
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ from pyspark.sql import functions as F
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 from detect_harness import job_state_store, produce  # noqa: E402
+from record import append_result  # noqa: E402
 
 from spark_jobs.engine.events import classify  # noqa: E402
 from spark_jobs.engine.values import field  # noqa: E402
@@ -99,7 +100,7 @@ def main() -> None:
         cfg = DetectConfig(bootstrap=bootstrap, checkpoint=work / "live", sink_topic=OUT, dead_letter_topic=DEAD)
         rows = rows_of(rules, ROUTED_TOPIC, cfg.state_dir / RULE_DEFS)
         def live_plan() -> DataFrame:
-            return build(spark, cfg, 0.0, [TOPIC], rows, buckets=2, operator="jvm")
+            return build(spark, cfg, 0.0, [TOPIC], rows, buckets=2)
 
         cases = {
             "stateless (parse, write back)": lambda: events(spark, bootstrap).select(
@@ -110,6 +111,7 @@ def main() -> None:
             "the live plan (JVM transformWithState)": live_plan,
         }
         print(f"Spark {spark.version}, real-time mode, batch duration {args.batch_duration}, local[2]")
+        outcomes: dict[str, str] = {}
         # Update mode: real-time mode refuses append mode at start, whatever the query.
         for i, (name, plan) in enumerate(cases.items()):
             writer = (write_stream(plan(), bootstrap).outputMode("update")
@@ -119,16 +121,19 @@ def main() -> None:
                 with job_state_store(spark):
                     query = writer.start()
             except Exception as exc:  # noqa: BLE001 - Spark refuses at start: that is the finding
-                print(f"  {name}: REFUSED: {str(exc).splitlines()[0][:300]}")
+                outcomes[name] = f"REFUSED: {str(exc).splitlines()[0][:300]}"
+                print(f"  {name}: {outcomes[name]}")
                 continue
-            print(f"  {name}: {outcome(query)}")
+            outcomes[name] = outcome(query)
+            print(f"  {name}: {outcomes[name]}")
 
         # Control: the same live plan as micro-batches (how the job runs it) starts and runs.
         with job_state_store(spark):
             query = (write_stream(live_plan(), bootstrap)
                      .option("checkpointLocation", str(work / "control")).trigger(processingTime="500 milliseconds")
                      .start())
-        print(f"  control, the live plan as micro-batches (append mode): {outcome(query)}")
+        control = outcomes["control: the live plan as micro-batches (append mode)"] = outcome(query)
+        print(f"  control, the live plan as micro-batches (append mode): {control}")
 
         # The allowlist switched off: a stateful query runs, but how soon does it write?
         spark.conf.set("spark.sql.streaming.realTimeMode.allowlistCheck", "false")
@@ -136,7 +141,8 @@ def main() -> None:
             query = (write_stream(live_plan(), bootstrap).outputMode("update")
                      .option("checkpointLocation", str(work / "live-bypass"))
                      .trigger(realTime=args.batch_duration).start())
-        print(f"  the live plan with the allowlist check off: {outcome(query)}")
+        bypass = outcomes["the live plan with the allowlist check off"] = outcome(query)
+        print(f"  the live plan with the allowlist check off: {bypass}")
         query = (write_stream(aggregation(events(spark, bootstrap)), bootstrap).outputMode("update")
                  .option("checkpointLocation", str(work / "bypass")).trigger(realTime=args.batch_duration).start())
         time.sleep(8)  # started and reading
@@ -153,7 +159,13 @@ def main() -> None:
               + (f"first result on the sink {first:.1f} s after its events were produced" if first is not None
                  else f"no result within 120 s ({query.exception()})"))
         query.stop()
+        version = spark.version
         spark.stop()
+    append_result("real_time_mode", {
+        "stateless_accepted": not outcomes["stateless (parse, write back)"].startswith(("REFUSED", "FAILED")),
+        "stateful_accepted": not outcomes["the live plan (JVM transformWithState)"].startswith(("REFUSED", "FAILED")),
+        "bypass_first_result_s": None if first is None else round(first, 1), "outcomes": outcomes,
+    }, spark_version=version, batch_duration=args.batch_duration)
 
 
 if __name__ == "__main__":

@@ -15,14 +15,13 @@ detection, every task's queue/start/end, and the approval request (the HITL deta
 creation). The request is then rejected (as the `approver` demo user), so the next run
 starts from the same live rules. `--observe` only reads the figures of a run that
 already happened. Each run appends one JSON line to tests/benchmarks/results.jsonl
-(date, project commit, CPU model, cores, load averages, figures per task).
+(record.py: date, project commit, CPU model, cores, load averages; the figures per task).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -33,8 +32,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import quote
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from record import RESULTS, append_result, load  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[2]
-RESULTS = Path(__file__).resolve().parent / "results.jsonl"
 DAG = "rule_release"
 RULE_FILE = Path("rules") / "rapid_clicks.yaml"
 
@@ -77,16 +78,6 @@ class Airflow:
 
 def git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout.strip()
-
-
-def machine() -> dict:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), "unknown")
-    return {"cpu_model": cpu, "cores": os.cpu_count()}
-
-
-def load() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
 
 
 def _ts(text: str | None) -> float | None:
@@ -233,12 +224,6 @@ def archive_records(workdir: Path) -> int | None:
     return None
 
 
-def record(result: dict, results: Path) -> None:
-    results.parent.mkdir(parents=True, exist_ok=True)
-    with results.open("a", encoding="utf-8") as fh:
-        fh.write(json.dumps(result, sort_keys=True) + "\n")
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workdir", required=True, help="the platform's workdir (rulectl up --workdir)")
@@ -266,18 +251,17 @@ def main() -> int:
             if time.time() > deadline or (proc is not None and proc.poll() is not None):
                 raise RuntimeError("the platform's Airflow did not come up")
             time.sleep(3)
-        base = {"bench": "release", "label": args.label, "project_commit": git(ROOT, "rev-parse", "HEAD"),
-                **machine(), "workdir": str(workdir)}
+        base = {"label": args.label, "workdir": str(workdir)}
         if args.observe:
             if args.t0 is None:
                 ap.error("--observe needs --t0")
             found = af.api("GET", f"/dags/{DAG}/dagRuns/{quote(args.observe, safe='')}/hitlDetails").get("hitl_details")
-            result = {**base, "date": datetime.fromtimestamp(args.t0, UTC).isoformat(timespec="seconds"),
-                      "load_avg_when_observed": load(), "load_avg": args.run_load,
-                      **figures(af, args.observe, args.t0, (found or [None])[0])}
+            context = {**base, "date": datetime.fromtimestamp(args.t0, UTC).isoformat(timespec="seconds"),
+                       "load_avg_when_observed": load(), "load_avg": args.run_load}
             if args.project_commit:
-                result["project_commit"] = args.project_commit
-            record(result, args.results)
+                context["project_commit"] = args.project_commit
+            result = append_result("release", figures(af, args.observe, args.t0, (found or [None])[0]),
+                                   results=args.results, **context)
             print(json.dumps(result, indent=1))
             return 0
         clone = Path(args.clone) if args.clone else workdir.parent / "bench-rules-repo"
@@ -290,10 +274,10 @@ def main() -> int:
             t0, sha = commit_change(clone)
             run_id = find_run(af, sha, args.timeout)
             hitl = wait_for_approval(af, run_id, args.timeout)
-            result = {**base, "date": datetime.fromtimestamp(t0, UTC).isoformat(timespec="seconds"),
-                      "commit": sha, "load_avg_before": load_before, "load_avg": load(),
-                      "archive_records": archive_records(workdir), **figures(af, run_id, t0, hitl)}
-            record(result, args.results)
+            result = append_result(
+                "release", figures(af, run_id, t0, hitl), results=args.results,
+                **base, date=datetime.fromtimestamp(t0, UTC).isoformat(timespec="seconds"), commit=sha,
+                load_avg_before=load_before, archive_records=archive_records(workdir))
             print(f"run {n + 1}: commit -> approval request {result['commit_to_approval_s']} s "
                   f"(detected after {result['commit_to_detection_s']} s; load {result['load_avg']})", flush=True)
             for task, f in result["tasks"].items():

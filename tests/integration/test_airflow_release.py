@@ -9,6 +9,7 @@ previous one, like a branch's history.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import time
@@ -28,9 +29,11 @@ from airflow_fixtures import (  # noqa: F401
     png_size,
 )
 
-pytestmark = [pytest.mark.airflow, pytest.mark.slow]
+pytestmark = [pytest.mark.airflow, pytest.mark.spark, pytest.mark.kafka, pytest.mark.slow]  # the release runs Spark backtests
 
-SCREENSHOTS = ROOT / "tests" / "screenshots"
+# The approver guide's screenshots go to the test's tmp_path; RULES_SCREENSHOT_DIR=tests/screenshots
+# refreshes the committed ones.
+SCREENSHOT_DIR = os.environ.get("RULES_SCREENSHOT_DIR")
 DEMO_RULES = ["rapid_clicks", "purchase_threshold", "fx_rate_deviation"]
 
 
@@ -172,7 +175,7 @@ def _try_to_approve_in_the_browser(
     return ("[clicked] " if clicked else "[no Approve button] ") + browser.text()
 
 
-def _shoot_approval_page(browser: Chromium, af: AirflowEnv, detail: dict) -> None:
+def _shoot_approval_page(browser: Chromium, af: AirflowEnv, detail: dict, out: Path) -> None:
     """Screenshots for the approver guide: the Required Actions page and the report tab."""
     ti = detail["task_instance"]
     from urllib.parse import quote
@@ -181,13 +184,14 @@ def _shoot_approval_page(browser: Chromium, af: AirflowEnv, detail: dict) -> Non
     browser.goto(_approval_url(af, detail))
     browser.wait_for("document.body.innerText.includes('Open the backtest report')", timeout=60)
     time.sleep(1.5)
-    browser.screenshot(SCREENSHOTS / "approval_page.png", full_page=False)
+    out.mkdir(parents=True, exist_ok=True)
+    assert png_size(browser.screenshot(out / "approval_page.png", full_page=False)) == (1400, 1100)
     browser.goto(f"{af.base_url}/dags/{ti['dag_id']}/runs/{run}/plugin/backtest-report")
     time.sleep(4)
-    browser.screenshot(SCREENSHOTS / "report_tab.png", full_page=False)
+    assert png_size(browser.screenshot(out / "report_tab.png", full_page=False)) == (1400, 1100)
 
 
-def test_release_waits_for_approval_then_publishes_exactly_the_changed_rule(release: Release) -> None:
+def test_release_waits_for_approval_then_publishes_exactly_the_changed_rule(release: Release, tmp_path: Path) -> None:
     af = release.af
     before = len(topic_records(release.bootstrap, release.topic))
     live_before = release.live()
@@ -274,7 +278,7 @@ def test_release_waits_for_approval_then_publishes_exactly_the_changed_rule(rele
             deadline = time.monotonic() + 60
             while _pending(af, detail) and time.monotonic() < deadline:
                 time.sleep(1)
-            _shoot_approval_page(browser, af, detail)
+            _shoot_approval_page(browser, af, detail, Path(SCREENSHOT_DIR) if SCREENSHOT_DIR else tmp_path)
     else:  # pragma: no cover - CI installs Chromium
         af.respond(detail, "Approve", comment="threshold 8 catches the bot farm")
     assert not _pending(af, detail)

@@ -105,7 +105,7 @@ def run_both(spark, rule_dicts: list[dict], evs: list[dict]):
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(data=st.data())
-def test_velocity_rules_match_reference(spark, velocity_pass, data):
+def test_velocity_rules_match_reference(spark, data):
     evs = data.draw(events())
     rules = [data.draw(velocity_rules(i)) for i in range(4)]
     expected, got = run_both(spark, rules, evs)

@@ -1,8 +1,10 @@
 """A micro-batch that fails anyway must not kill the job on the same input for ever.
 
 Real broker, real job (`rulectl detect` in a subprocess). The failure is injected in the
-JVM by a record holding the test-only marker of `DETECT_FAULT_MARKER` (job.py): nothing
-in the poison corpus fails a batch any more, which is the point of that corpus. What
+JVM by a record holding a marker, from the test side: the job runs through
+tests/faulty_detect.py, which wraps the plan's input so that such a record fails its
+micro-batch (nothing in the poison corpus fails a batch any more, which is the point of
+that corpus). What
 the job does (quarantine.py): retry the batch once, then turn every record of its
 offset ranges into a dead letter and go on.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 import json
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 from detect_harness import DetectJob, detections, produce, wait_detections
@@ -21,7 +24,10 @@ from spark_jobs.kafka.broker import EmbeddedBroker, free_port
 from spark_jobs.kafka.publisher import publish_rules
 from spark_jobs.rules.model import parse_rule
 
+pytestmark = [pytest.mark.spark, pytest.mark.kafka, pytest.mark.slow]
+
 MARKER = "__injected_fault__"
+FAULTY_DETECT = Path(__file__).resolve().parents[1] / "faulty_detect.py"
 RULES = [
     {"rule_id": "big_purchase", "version": "1", "rule_type": "threshold", "source_topic": "events.q",
      "conditions": [{"field": "type", "operator": "==", "value": "purchase"},
@@ -43,11 +49,10 @@ def _purchases(tag: str, start_ms: int, n: int) -> list[str]:
 
 
 @pytest.fixture()
-def job_with_fault(tmp_path, monkeypatch):
-    monkeypatch.setenv("DETECT_FAULT_MARKER", MARKER)
+def job_with_fault(tmp_path):
     broker = EmbeddedBroker(port=free_port(), data_dir=tmp_path / "kafka").start()
     publish_rules([parse_rule(r) for r in RULES], broker.bootstrap)
-    job = DetectJob(broker.bootstrap, tmp_path / "job")
+    job = DetectJob(broker.bootstrap, tmp_path / "job", cli=(str(FAULTY_DETECT), MARKER))
     yield broker, job
     if job.proc and job.proc.poll() is None:
         job.stop()

@@ -69,23 +69,18 @@ def test_only_the_publisher_may_write_rules_active(secure_broker) -> None:
     assert got and got[0]["version"] == "9"
 
 
-def test_a_log_formatted_without_users_gets_them_and_keeps_its_data(tmp_path) -> None:
-    """A work folder from before security was the default (`var/kafka` formatted
-    plaintext) starts secured: the users are added once, the records stay, and a client
-    without credentials is refused from then on."""
-    from spark_jobs.kafka.admin import read_all
+def test_a_log_formatted_without_users_is_refused_secured(tmp_path) -> None:
+    """A log folder formatted plaintext (`--insecure`) does not start secured: it has no
+    SCRAM users, and the broker says to use a new folder instead of starting open."""
+    from spark_jobs.kafka.broker import BrokerError
 
     data = tmp_path / "kafka"
     with EmbeddedBroker(port=free_port(), topics=("rules.active",), data_dir=data) as plain:
         assert _write(plain.bootstrap, {}) is None  # open: anyone writes the rules
     security = BrokerSecurity.load_or_generate(tmp_path / "kafka-credentials.json")
-    with EmbeddedBroker(port=free_port(), topics=("rules.active",), data_dir=data, security=security) as secured:
-        assert (data / "scram.users").exists()
-        got = read_all(secured.bootstrap, "rules.active", extra=security.client_config("reader"))
-        assert [json.loads(r.value)["version"] for r in got] == ["9"]
-        assert _write(secured.bootstrap, {}) is not None
-        assert _write(secured.bootstrap, security.client_config("detector")) is not None
-        assert _write(secured.bootstrap, security.client_config("publisher")) is None
+    with pytest.raises(BrokerError, match="formatted without SASL users"):
+        EmbeddedBroker(port=free_port(), topics=("rules.active",), data_dir=data, security=security).start()
+    assert not (data / "scram.users").exists()
 
 
 def test_airflows_publish_hook_authenticates_with_its_connection(secure_broker, monkeypatch) -> None:

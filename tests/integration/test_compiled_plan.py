@@ -26,7 +26,7 @@ from reference_engine import compare, get_path, parse_event, parse_number
 from spark_jobs.engine.events import classify
 from spark_jobs.streaming.compiled import key_rows, rows_of
 from spark_jobs.streaming.job import event_rows, threshold_detections, threshold_of
-from spark_jobs.streaming.processor import PASS_GID
+from spark_jobs.streaming.keyed_rows import PASS_GID
 from spark_jobs.streaming.registry import ROUTED_TOPIC
 
 pytestmark = [pytest.mark.spark]

@@ -92,11 +92,11 @@ def test_bad_input_goes_to_dead_letters_and_the_job_keeps_running(live, broker):
     def reasons_of(dead: list[dict]) -> set:
         return {(d["reason"], d.get("rule_id")) for d in dead}
 
-    no_time = ("missing or unparseable timestamp needed by velocity rule", "rapid_clicks")
+    no_time = ("missing or unparseable timestamp field 'timestamp' needed by velocity rule", "rapid_clicks")
     dead = wait_detections(broker.bootstrap, "events.deadletter", lambda d: no_time in reasons_of(d), timeout=60)
     reasons = reasons_of(dead)
     assert ("not valid JSON", None) in reasons
-    assert ("missing or unparseable timestamp needed by velocity rule", "rapid_clicks") in reasons
+    assert ("missing or unparseable timestamp field 'timestamp' needed by velocity rule", "rapid_clicks") in reasons
     assert any(d["reason"].startswith("invalid rule") and d["rule_id"] == "broken" for d in dead)
     status = job.status()
     assert status["query_id"] == first["query_id"] and job.proc.poll() is None

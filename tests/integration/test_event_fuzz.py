@@ -4,8 +4,8 @@ Hypothesis draws batches of events (arbitrary JSON with the field names the rule
 extreme numbers, NaN/Infinity literals, non-JSON text) and runs them through every
 stage that reads event data: the backtest end to end, the live job's plan on a real
 Spark session (its event rows: threshold matches and key groups, with the rules compiled into it) and its keyed
-Python operator (pyspark's TwsTester). The only allowed outcomes are detections, dead
-letters and counted skips.
+operator (the JVM's, in a streaming query over the key rows). The only allowed outcomes
+are detections, dead letters and counted skips.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pandas as pd
 import pytest
+from detect_harness import job_state_store
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pyspark.sql import functions as F
@@ -24,11 +24,11 @@ from spark_jobs.backtest.runner import BacktestConfig, run_backtest
 from spark_jobs.engine.events import classify
 from spark_jobs.streaming.compiled import rows_of
 from spark_jobs.streaming.job import event_rows, threshold_detections, threshold_of
-from spark_jobs.streaming.processor import OUTPUT_SCHEMA, PASS_GID, DetectionProcessor
+from spark_jobs.streaming.jvm_operator import keyed_operator
+from spark_jobs.streaming.keyed_rows import PASS_GID
 from spark_jobs.streaming.registry import ROUTED_TOPIC
 
 pytestmark = [pytest.mark.spark]
-TwsTester = pytest.importorskip("pyspark.sql.streaming.tws_tester").TwsTester
 
 RULES = [
     {"rule_id": "t", "version": "1", "rule_type": "threshold", "source_topic": "e",
@@ -64,7 +64,7 @@ RAW = st.sampled_from(['{"x": NaN, "ts": 1}', '{"x": Infinity}', '{"x": 1e400, "
 LINES = st.lists(st.one_of(EVENT.map(lambda e: json.dumps(e)), RAW), min_size=1, max_size=40)
 
 
-def _live_rows(spark, lines: list[str], defs: Path) -> tuple[list, list, list]:
+def _live_rows(spark, lines: list[str], defs: Path, work: Path) -> tuple[list, list]:
     rules = rows_of({r["rule_id"]: r for r in RULES}, ROUTED_TOPIC, defs)
     raw = spark.createDataFrame([(i, line) for i, line in enumerate(lines)], "seq long, raw string").select(
         F.lit("e").alias("in_topic"), F.lit("e").alias("topic"), "seq", F.lit(None).cast("string").alias("route_from"),
@@ -72,7 +72,22 @@ def _live_rows(spark, lines: list[str], defs: Path) -> tuple[list, list, list]:
     rows, slots = event_rows(classify(raw), rules, set(), max_ahead_ms=5_000)
     carried = rows.filter(F.col("gid") == PASS_GID).select("topic", "seq", "raw", "_pass.*")
     threshold = threshold_detections(carried, threshold_of(rules)).select("kind", "rule_id", "reason").collect()
-    return threshold, rows.filter(F.col("gid") != PASS_GID).drop("_pass").collect(), slots
+    # The keyed operator as the live job calls it (event-time timers need a streaming
+    # query): the key rows written to a file and read back as one micro-batch.
+    src = work / "key_rows"
+    rows.filter(F.col("gid") != PASS_GID).drop("_pass").coalesce(1).write.parquet(str(src))
+    stream = spark.readStream.schema(spark.read.parquet(str(src)).schema).parquet(str(src))
+    watermarked = stream.withColumn("wm_ts", F.timestamp_millis(F.col("wm"))).withWatermark("wm_ts", "5 seconds")
+    stateful_in = watermarked.select(*[c for c in stream.columns if c != "wm"],
+                                     F.pmod(F.xxhash64("k"), F.lit(2)).cast("int").alias("bucket"))
+    keyed: list = []
+    out = keyed_operator(stateful_in, slots, str(defs)).select("kind", "rule_id", "reason")
+    with job_state_store(spark):
+        q = (out.writeStream.foreachBatch(lambda df, _: keyed.extend(df.collect()))
+             .option("checkpointLocation", str(work / "ckpt")).trigger(availableNow=True).start())
+        q.awaitTermination(300)
+    assert q.exception() is None, q.exception()
+    return threshold, keyed
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
@@ -87,20 +102,8 @@ def test_any_event_against_any_rule_never_raises(spark, tmp_path_factory, lines)
                                                  time_field="ts"))
     assert isinstance(summary, dict)
 
-    threshold, keyed, slots = _live_rows(spark, lines, work / "defs")
+    threshold, keyed = _live_rows(spark, lines, work / "defs", work)
     assert all(r["rule_id"] is not None if r["kind"] == "detection" else r["kind"] == "dead" and r["reason"]
                for r in threshold)
-    # The keyed operator's Python, as the live job calls it (one call per key group).
-    tester = TwsTester(DetectionProcessor(slots, str(work / "defs")), timeMode="EventTime",
-                       eventTimeExtractor=lambda r: 1 << 62)
-    by_group: dict[str, list[dict]] = {}
-    for r in keyed:
-        by_group.setdefault(r["gid"], []).append(r.asDict())
-    for gid, rows in by_group.items():
-        out = tester.testInPandas((gid, 0), pd.DataFrame(rows))
-        if len(out.columns):
-            out = out.set_axis(OUTPUT_SCHEMA.names, axis=1)  # the frame is positional, as Arrow reads it
-            failed = out[(out["kind"] == "dead") & out["reason"].astype(str).str.startswith("rule evaluation")]
-            assert failed.empty, failed.to_dict("records")
-    tester._currentWatermarkMs = 1 << 50
-    tester._handleExpiredTimers()
+    failed = [r.asDict() for r in keyed if r["kind"] == "dead" and str(r["reason"]).startswith("rule evaluation")]
+    assert not failed, failed

@@ -23,7 +23,6 @@ from spark_jobs.kafka.admin import list_topics
 from spark_jobs.kafka.broker import EmbeddedBroker, free_port
 from spark_jobs.kafka.publisher import publish_rules
 from spark_jobs.rules.model import parse_rule
-from spark_jobs.streaming.job import KEYED_OPERATOR_ENV
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka, pytest.mark.slow]
 
@@ -72,9 +71,7 @@ def _backtest(spark, tmp_path, name: str, rules: list[dict], events: list[str]) 
     return {d["detection_id"] for d in out if d["rule_id"] == "burst_low_rep"}
 
 
-@pytest.mark.parametrize("operator", ["jvm", "python"])
-def test_fed_correlation_published_disabled_republished(operator, tmp_path, spark, monkeypatch):
-    monkeypatch.setenv(KEYED_OPERATOR_ENV, operator)
+def test_fed_correlation_published_disabled_republished(tmp_path, spark):
     events = {"a": _phase("a", BASE_S), "b": _phase("b", BASE_S + 100), "c": _phase("c", BASE_S + 200)}
     expected = {
         "a": _backtest(spark, tmp_path, "a", [VELOCITY, _correlation("1")], events["a"]),
@@ -92,7 +89,6 @@ def test_fed_correlation_published_disabled_republished(operator, tmp_path, spar
         produce(bs, "events.raw", [json.dumps({"type": "post", "tag": "#warm", "ts": (BASE_S - 50) * 1000})])
         job = DetectJob(bs, tmp_path / "job")
         first = job.start()
-        assert (job.checkpoint / "keyed_operator").read_text() == operator
 
         def publish(rule: dict, present: bool) -> None:
             publish_rules([parse_rule(rule)], bs)

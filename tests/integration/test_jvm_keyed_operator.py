@@ -1,12 +1,10 @@
-"""The JVM keyed operator (spark_jobs/jvm/processor, jvm_operator.py) against the Python
-DetectionProcessor it replaces: the same random key rows, the same output rows.
+"""The JVM keyed operator (spark_jobs/jvm/processor, jvm_operator.py) on its own, in a
+streaming query on real Spark: every kind of outcome over random key rows, its state
+store going back down as keys come and go, and its number arithmetic and text.
 
-Both run in one streaming query on real Spark, side by side over the same input (a
-union of the two operators' outputs, tagged): each micro-batch gives both the same rows
-and the same watermark, and the no-data batches that fire their expiry timers happen
-for both alike, so their outputs must be equal batch by batch. The input is one file
-per micro-batch (maxFilesPerTrigger 1), rows as compiled.key_rows makes them (one per
-(event, key group), `m` naming the slots the event enters), from a seeded generator:
+The input is one file per micro-batch (maxFilesPerTrigger 1), rows as compiled.key_rows
+makes them (one per (event, key group), `m` naming the slots the event enters), from a
+seeded generator:
 every velocity aggregation and emit mode, a processing-time rule, a routed velocity
 rule, correlation rules of every resolution and metric (also on routed primaries),
 equal timestamps, fractional, huge and tiny values, late rows, rows without a usable
@@ -28,7 +26,8 @@ from hypothesis import strategies as st
 
 from spark_jobs.rules.model import parse_rule
 from spark_jobs.streaming.jvm_operator import keyed_operator
-from spark_jobs.streaming.processor import OUTPUT_SCHEMA, DetectionProcessor, Slot
+from spark_jobs.streaming.keyed_rows import OUTPUT_SCHEMA, Slot
+from spark_jobs.streaming.rules_source import write_rule_def
 
 pytestmark = pytest.mark.spark
 
@@ -79,23 +78,30 @@ CORRELATION = [
 ]
 
 
-def _slots() -> tuple[list[Slot], dict[str, list[int]]]:
+def _ref(defs: Path, rule: dict) -> str:
+    """The rule's definition stored in `defs` as the job stores it; its reference."""
+    return write_rule_def(defs, json.dumps(parse_rule(rule).model_dump(mode="json"), sort_keys=True))
+
+
+def _slots(defs: Path) -> tuple[list[Slot], dict[str, list[int]], list[str]]:
     """One slot per rule role, each with its own value columns (t<i>, a<i>, n<i>, j<i>);
-    the processing-time rule reads `proc_ms`. Returns the slots and per key group the
-    indexes of its slots."""
+    the processing-time rule reads `proc_ms`. Returns the slots, per key group the
+    indexes of its slots, and each slot's rule id."""
     slots: list[Slot] = []
     groups: dict[str, list[int]] = {"user": [], "pair": []}
+    ids: list[str] = []
     for d in VELOCITY + CORRELATION:
-        rj = json.dumps(parse_rule(d).model_dump(mode="json"), sort_keys=True)
+        ref = _ref(defs, d)
         roles = ["source"] if d["rule_type"] == "velocity" else [
             "routed" if d.get("velocity_filter_rule_id") else "source", "context"]
         for role in roles:
             i = len(slots)
             event_time = d.get("time_mode") != "processing_time"
             ts_col, far_col = (f"t{i}", f"a{i}") if event_time else ("proc_ms", None)
-            slots.append(Slot(None, rj, role, event_time, ts_col, far_col, f"n{i}", f"j{i}"))
+            slots.append(Slot(ref, role, event_time, ts_col, far_col, f"n{i}", f"j{i}"))
             groups["user" if d["rule_type"] == "velocity" else "pair"].append(i)
-    return slots, groups
+            ids.append(d["rule_id"])
+    return slots, groups, ids
 
 
 VALUES = [5.0, 20.0, 40.0, 65.0, 70.0, 0.1, 0.2, 1 / 3, 1e16, -1e16, 1.0, 1e-300, 5e-324, 2.5e300, -7.25]
@@ -103,7 +109,8 @@ RATES = [1.0, 1.01, 1.05, 1.1, 0.97, 0.1, 1 / 3]
 TEXTS = ['"m0"', '"m1"', '"m2"', "3", "null", '"high"', '"1.2"', "1.07", "true", "false", '" 1e0 "']
 
 
-def _batches(rnd: random.Random, slots: list[Slot], groups: dict[str, list[int]], n: int) -> list[list[dict]]:
+def _batches(rnd: random.Random, slots: list[Slot], groups: dict[str, list[int]], ids: list[str],
+             n: int) -> list[list[dict]]:
     """Input rows per micro-batch: bursts, gaps longer than a window (expiry), equal and
     out-of-order times, late rows (times far behind), rows without a usable time."""
     out, now, seq = [], BASE, 0
@@ -140,15 +147,15 @@ def _batches(rnd: random.Random, slots: list[Slot], groups: dict[str, list[int]]
             row["wm"] = max(wm) if wm else None
             rows.append(row)
         out.append(rows)
-    out.append(_overflowing(slots, now + 60_000, seq))
+    out.append(_overflowing(slots, ids, now + 60_000, seq))
     return out
 
 
-def _overflowing(slots: list[Slot], ts: int, seq: int) -> list[dict]:
+def _overflowing(slots: list[Slot], ids: list[str], ts: int, seq: int) -> list[dict]:
     """A batch whose mean_std context overflows `(x - mean) ** 2` (2.5e300): the key's rows
     of that rule become "rule evaluation failed" dead letters, the other rules go on."""
-    ctx = next(i for i, s in enumerate(slots) if '"c_z"' in (s.rule_json or "") and s.role == "context")
-    src = next(i for i, s in enumerate(slots) if '"c_z"' in (s.rule_json or "") and s.role == "source")
+    ctx = next(i for i, s in enumerate(slots) if ids[i] == "c_z" and s.role == "context")
+    src = next(i for i, s in enumerate(slots) if ids[i] == "c_z" and s.role == "source")
     rows = []
     for n, (slot, num, topic) in enumerate([(ctx, 2.5e300, "ctx"), (ctx, 1.0, "ctx"), (src, 1.0, "t")]):
         s = slots[slot]
@@ -166,12 +173,15 @@ def _schema(slots: list[Slot]) -> str:
     return ", ".join(cols)
 
 
-def test_jvm_operator_equals_the_python_processor(spark, tmp_path: Path):
+def test_jvm_operator_over_random_key_rows(spark, tmp_path: Path):
+    """Every outcome the operator has, over 40 micro-batches with state and watermark
+    carried over: detections and routed emits of every rule, late rows, rows without a
+    usable time, and a key whose evaluation fails (dead letters, the batch goes on)."""
     from pyspark.sql import functions as F
 
-    slots, groups = _slots()
+    slots, groups, ids = _slots(tmp_path / "defs")
     rnd = random.Random("jvm-keyed-operator")
-    batches = _batches(rnd, slots, groups, 40)
+    batches = _batches(rnd, slots, groups, ids, 40)
     src = tmp_path / "in"
     src.mkdir()
     schema = _schema(slots)
@@ -186,27 +196,22 @@ def test_jvm_operator_equals_the_python_processor(spark, tmp_path: Path):
     watermarked = keyed.withColumn("wm_ts", F.timestamp_millis(F.col("wm"))).withWatermark("wm_ts", "2000 milliseconds")
     stateful_in = watermarked.select(*[c for c in keyed.columns if c != "wm"],
                                      F.pmod(F.xxhash64("k"), F.lit(3)).cast("int").alias("bucket"))
-    python = stateful_in.groupBy("gid", "bucket").transformWithStateInPandas(
-        DetectionProcessor(slots), OUTPUT_SCHEMA, "Append", "EventTime")
-    jvm = keyed_operator(stateful_in, slots)
-    both = python.withColumn("impl", F.lit("python")).unionByName(jvm.withColumn("impl", F.lit("jvm")))
+    jvm = keyed_operator(stateful_in, slots, str(tmp_path / "defs"))
 
-    got: dict[str, dict[int, Counter]] = {"python": {}, "jvm": {}}
+    got: dict[int, Counter] = {}
 
     def collect(df, batch_id: int) -> None:
         for r in df.collect():
             d = r.asDict()
-            impl = d.pop("impl")
-            got[impl].setdefault(batch_id, Counter())[tuple(d[f.name] for f in OUTPUT_SCHEMA.fields)] += 1
+            got.setdefault(batch_id, Counter())[tuple(d[f.name] for f in OUTPUT_SCHEMA.fields)] += 1
 
     with job_state_store(spark):
-        q = (both.writeStream.foreachBatch(collect).option("checkpointLocation", str(tmp_path / "ckpt"))
+        q = (jvm.writeStream.foreachBatch(collect).option("checkpointLocation", str(tmp_path / "ckpt"))
              .trigger(availableNow=True).start())
         q.awaitTermination(600)
     assert q.exception() is None
-    assert got["jvm"] == got["python"]
     rows = Counter()
-    for c in got["python"].values():
+    for c in got.values():
         rows.update(c)
     kinds = Counter(r[0] for r in rows.elements())
     reasons = {r[-1] for r in rows if r[0] == "dead"}
@@ -216,9 +221,9 @@ def test_jvm_operator_equals_the_python_processor(spark, tmp_path: Path):
     assert any(x.startswith("missing or unparseable timestamp") for x in reasons), reasons
     assert any(x.startswith("event time more than") for x in reasons), reasons
     # mean_std of a context holding 2.5e300: (x - mean) ** 2 overflows, the key's rows are dead letters
-    assert any(x.startswith("rule evaluation failed: OverflowError") for x in reasons), reasons
+    assert "rule evaluation failed: squared deviation from the mean exceeds the double range" in reasons, reasons
     assert fired == {d["rule_id"] for d in VELOCITY + CORRELATION}, fired
-    assert len(got["python"]) > 10  # several micro-batches, state and watermark carried over
+    assert len(got) > 10  # several micro-batches, state and watermark carried over
 
 
 def _run_availably(spark, stream, tmp_path: Path) -> list[dict]:
@@ -243,10 +248,11 @@ def test_jvm_operator_state_goes_back_down_when_short_lived_keys_come_and_go(spa
 
     rules = [_velocity("v_event", "count", 2, 5, watermark_delay=1),
              _velocity("v_proc", "count", 2, 5, time_mode="processing_time", timestamp_field=None)]
+    defs = tmp_path / "defs"
     slots = []
     for i, d in enumerate(rules):
         event_time = d.get("time_mode") != "processing_time"
-        slots.append(Slot(None, json.dumps(parse_rule(d).model_dump(mode="json")), "source", event_time,
+        slots.append(Slot(_ref(defs, d), "source", event_time,
                           f"t{i}" if event_time else "proc_ms", f"a{i}" if event_time else None, f"n{i}", f"j{i}"))
     schema = _schema(slots)
     names = [c.split()[0] for c in schema.split(", ")]
@@ -269,7 +275,7 @@ def test_jvm_operator_state_goes_back_down_when_short_lived_keys_come_and_go(spa
     watermarked = keyed.withColumn("wm_ts", F.timestamp_millis(F.col("wm"))).withWatermark("wm_ts", "1000 milliseconds")
     stateful_in = watermarked.select(*[c for c in keyed.columns if c != "wm"],
                                      F.pmod(F.xxhash64("k"), F.lit(3)).cast("int").alias("bucket"))
-    progress = _run_availably(spark, keyed_operator(stateful_in, slots), tmp_path)
+    progress = _run_availably(spark, keyed_operator(stateful_in, slots, str(defs)), tmp_path)
 
     sizes = [p["stateOperators"][0]["numRowsTotal"] for p in progress if p["stateOperators"]]
     one_batch = per_batch * len(rules)  # sub-states a batch's keys leave behind
@@ -280,17 +286,16 @@ def test_jvm_operator_state_goes_back_down_when_short_lived_keys_come_and_go(spa
     assert max(sizes[-10:]) <= max(sizes[:10]), sizes  # flat, not growing with the keys seen
 
 
-# ------------------------------------------------------------------ Python's float semantics in Java
+# ------------------------------------------------------------------ number arithmetic and text
 
-# Finite doubles of every magnitude; sums of values below 1e300 cannot overflow (CPython's
-# fsum also raises on an intermediate overflow the exact sum avoids; events do not hold
-# values near 1e308).
+# Finite doubles of every magnitude; sums of values below 1e300 cannot overflow (events
+# do not hold values near 1e308).
 _FLOATS = st.floats(allow_nan=False, allow_infinity=False)
 _SUMMANDS = st.floats(min_value=-1e300, max_value=1e300) | st.sampled_from([0.1, 0.2, 0.3, 1e16, -1e16, 5e-324, 1.0])
 
 
-def _py_math(spark):
-    return spark._jvm.ruleplatform.keyed.PyMath
+def _keyed(spark):
+    return spark._jvm.ruleplatform.keyed
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -304,38 +309,38 @@ def _py_math(spark):
 @example(x=2.0**-1022)
 @example(x=1.7976931348623157e308)
 @example(x=9007199254740993.0)
-def test_jvm_repr_is_python_repr(spark, x):
-    """The `mean`/`std` of a mean_std context record are json.dumps'd floats."""
-    assert _py_math(spark).repr(x) == repr(x)
+def test_number_text_is_the_shortest_that_reads_back(spark, x):
+    """The `mean`/`std` of a mean_std context record (docs/rule-language.md, "The
+    detection record": `20.0`, `0.7071067811865476`): the shortest decimal that reads
+    back as the value, ".0" on integers, an exponent outside [1e-4, 1e16). Python's
+    repr writes exactly that, so it is the reference here."""
+    text = _keyed(spark).JsonNumbers.shortest(x)
+    assert float(text) == x and text == repr(x)
+
+
+def _sum(spark, xs: list[float]) -> float:
+    gateway = spark.sparkContext._gateway
+    arr = gateway.new_array(gateway.jvm.double, len(xs))
+    for i, x in enumerate(xs):
+        arr[i] = x
+    return _keyed(spark).ExactSum.of(arr, 0, len(xs))
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(xs=st.lists(_SUMMANDS, max_size=40))
 @example(xs=[1e16, 1.0, -1e16])
 @example(xs=[0.1] * 10)
-def test_jvm_fsum_is_math_fsum(spark, xs):
-    gateway = spark.sparkContext._gateway
-    arr = gateway.new_array(gateway.jvm.double, len(xs))
-    for i, x in enumerate(xs):
-        arr[i] = x
-    got = _py_math(spark).fsum(arr, 0, len(xs))
-    assert got == math.fsum(xs)
+def test_sum_is_exact_then_rounded_once(spark, xs):
+    """math.fsum is the exact sum rounded once: the reference."""
+    assert _sum(spark, xs) == math.fsum(xs)
 
 
-def test_jvm_fsum_special_values_are_cpythons(spark):
-    gateway = spark.sparkContext._gateway
-
-    def fsum(xs: list[float]) -> float:
-        arr = gateway.new_array(gateway.jvm.double, len(xs))
-        for i, x in enumerate(xs):
-            arr[i] = x
-        return _py_math(spark).fsum(arr, 0, len(xs))
-
+def test_sum_of_special_values(spark):
     inf = float("inf")
-    assert fsum([1.0, inf]) == math.fsum([1.0, inf]) == inf
-    assert fsum([-inf, 2.0]) == math.fsum([-inf, 2.0]) == -inf
-    assert math.isnan(fsum([1.0, float("nan")])) and math.isnan(math.fsum([1.0, float("nan")]))
-    with pytest.raises(Exception, match="-inf \\+ inf in fsum"):
-        fsum([inf, -inf])
-    with pytest.raises(ValueError, match="-inf \\+ inf in fsum"):
-        math.fsum([inf, -inf])
+    assert _sum(spark, [1.0, inf]) == inf
+    assert _sum(spark, [-inf, 2.0]) == -inf
+    assert math.isnan(_sum(spark, [1.0, float("nan")]))
+    with pytest.raises(Exception, match="both \\+Infinity and -Infinity"):
+        _sum(spark, [inf, -inf])
+    with pytest.raises(Exception, match="sum exceeds the double range"):
+        _sum(spark, [1e308, 1e308])

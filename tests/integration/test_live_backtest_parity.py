@@ -1,13 +1,14 @@
 """Differential test: the live job and the backtest, the same random in-order streams,
 identical detections and ids.
 
-The two are separate implementations of the keyed semantics (the live job's Python
-keyed operator over micro-batches, the backtest's Spark window plans), so each seed
-draws a rule set covering every aggregation, both emit modes and the correlation
-resolutions and metrics, and a stream with fractional, large and tiny values and equal
-timestamps. The live job reads it through Spark's Kafka connector from a real broker in
-small micro-batches (state carried across many batches); the backtest reads the same
-records from files. Bucketing and randomness are seeded (no Python `hash()`).
+Both run the same Java for the keyed rules, but through different drivers: the live job
+over micro-batches with state carried between them, expiry timers and a watermark; the
+backtest over one sorted pass per key. So each seed draws a rule set covering every
+aggregation, both emit modes and the correlation resolutions and metrics, and a stream
+with fractional, large and tiny values and equal timestamps. The live job reads it
+through Spark's Kafka connector from a real broker in small micro-batches; the backtest
+reads the same records from files. Bucketing and randomness are seeded (no Python
+`hash()`).
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ def _stream(rnd: random.Random, n: int, steps: tuple[int, ...] = (0, 0, 2, 100, 
     return out
 
 
-@pytest.mark.parametrize(("seed", "expiring"), [(11, False), (29, False), (5, True)])
+@pytest.mark.parametrize(("seed", "expiring"), [(11, False), (5, True)])
 def test_live_and_backtest_give_identical_detections(seed, expiring, tmp_path, spark):
     """`expiring`: a 1 s watermark delay and keys idle for longer than their windows, so
     the live job drops keys' state (expiry) and sees them come back; the backtest keeps

@@ -14,6 +14,7 @@ import json
 import time
 from pathlib import Path
 
+import pytest
 from detect_harness import job_state_store, produce
 
 from spark_jobs.kafka.admin import create_topics
@@ -23,6 +24,8 @@ from spark_jobs.streaming.compiled import rows_of
 from spark_jobs.streaming.job import DetectConfig, build
 from spark_jobs.streaming.registry import ROUTED_TOPIC
 from spark_jobs.streaming.rules_source import RULE_DEFS
+
+pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 
 RULES = [
     {"rule_id": "big", "version": "1", "rule_type": "threshold", "source_topic": "cg.events", "owner": "t",
@@ -49,7 +52,7 @@ def test_micro_batches_reuse_the_plans_compiled_code(spark, kafka_broker, tmp_pa
     rows = rows_of(rules, ROUTED_TOPIC, cfg.state_dir / RULE_DEFS)
     create_topics(kafka_broker.bootstrap, ["cg.out", "cg.dead"])
     produce(kafka_broker.bootstrap, "cg.events", _events(0))
-    plan = build(spark, cfg, 0.0, ["cg.events"], rows, buckets=2, operator="jvm")
+    plan = build(spark, cfg, 0.0, ["cg.events"], rows, buckets=2)
     with job_state_store(spark):
         query = (write_stream(plan, cfg.bootstrap).option("checkpointLocation", str(cfg.checkpoint / "query"))
                  .trigger(processingTime="100 milliseconds").start())

@@ -5,7 +5,6 @@ local session gives, for file inputs and for the event archive."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from detect_harness import wait_port
 
 from spark_jobs.backtest.inputs import InputSpec
 from spark_jobs.backtest.runner import BacktestConfig, HistoryWindow, run_backtest
@@ -21,18 +21,6 @@ from spark_jobs.kafka.broker import free_port
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "tests" / "data" / "demo"
-
-
-def _wait_port(port: int, proc: subprocess.Popen, timeout: float = 240) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        assert proc.poll() is None, "rulectl connect exited"
-        try:
-            socket.create_connection(("127.0.0.1", port), 1).close()
-            return
-        except OSError:
-            time.sleep(0.5)
-    raise TimeoutError("Spark Connect server never listened")
 
 
 def _ids(out: Path) -> list[str]:
@@ -56,7 +44,7 @@ def test_backtest_on_a_spark_connect_server_equals_a_local_one(spark, tmp_path):
     server = subprocess.Popen([sys.executable, "-m", "spark_jobs.cli", "connect", "--port", str(port)],
                               stdout=(tmp_path / "connect.log").open("wb"), stderr=subprocess.STDOUT)
     try:
-        _wait_port(port, server)
+        wait_port(port, server, "rulectl connect")
         # The server is a batch JVM: the platform's options are on its command line.
         jvm = [c.cmdline() for c in psutil.Process(server.pid).children(recursive=True)
                if c.name() == "java" and any(a.endswith(".SparkConnectServer") for a in c.cmdline())]

@@ -11,10 +11,13 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
+
 from spark_jobs.engine.events import RAW_COLUMNS, parse_events
 from spark_jobs.engine.pipeline import evaluate
-from spark_jobs.engine.velocity import JVM_PASS_CONF, jvm_pass
 from spark_jobs.rules.model import parse_rule
+
+pytestmark = pytest.mark.spark
 
 T0 = 1_767_225_600_000
 ENTERS = [{"field": "type", "operator": "==", "value": "a"}]
@@ -78,7 +81,7 @@ def _expected() -> dict[tuple[str, int], float]:
     return out
 
 
-def test_each_rule_gets_its_own_window_from_the_shared_columns(spark, velocity_pass):
+def test_each_rule_gets_its_own_window(spark):
     got = {}
     for row in evaluate(_events(spark), _rules()).detections.select("rule_id", "value").collect():
         d = json.loads(row["value"])
@@ -89,27 +92,7 @@ def test_each_rule_gets_its_own_window_from_the_shared_columns(spark, velocity_p
         assert abs(got[key] - value) < 1e-9, (key, got[key], value)
 
 
-def _windows(plan: str, function: str) -> int:
-    """Window expressions of `function` over the running frame (everything up to the row)."""
-    running = r"specifiedwindowframe\(RowFrame, unboundedpreceding\$\(\), currentrow\$\(\)\)"
-    return len(re.findall(rf"\b{function}\([^()]*(?:\([^()]*\)[^()]*)*\) windowspecdefinition\([^()]*{running}\)", plan))
-
-
-def test_the_running_sum_and_max_are_computed_once_for_the_group(spark):
-    """The window-function plan (Spark Connect sessions)."""
-    spark.conf.set(JVM_PASS_CONF, "windows")
-    try:
-        plan = evaluate(_events(spark), _rules()).detections._jdf.queryExecution().optimizedPlan().toString()
-    finally:
-        spark.conf.unset(JVM_PASS_CONF)
-    # sum2, sum5 and avg5 sum `val` under the same conditions; max2 and max5 take its max.
-    assert _windows(plan, "sum") == 1
-    assert _windows(plan, "max") == 1
-
-
 def test_the_jvm_pass_evaluates_the_group_in_one_sort_and_no_window_operator(spark):
-    """The default plan of a classic session."""
-    assert jvm_pass(spark) is not None
     plan = evaluate(_events(spark), _rules()).detections._jdf.queryExecution().executedPlan().toString()
     assert "Window [" not in plan and "WindowExec" not in plan
     # One pass per group (here one group): its MapPartitions over one sort by (k, time, arrival).

@@ -1,10 +1,12 @@
 """The report HTML in a real browser: headless Chromium (Debian's `chromium`) renders it,
 the plots have drawn content, the added/removed table is there, and a screenshot is
-kept for the approver guide (tests/screenshots/report.png)."""
+taken: into the test's tmp_path, or into RULES_SCREENSHOT_DIR (RULES_SCREENSHOT_DIR=tests/screenshots
+refreshes the approver guide's tests/screenshots/report.png)."""
 
 from __future__ import annotations
 
 import json
+import os
 import random
 from pathlib import Path
 
@@ -12,8 +14,6 @@ import pytest
 from airflow_fixtures import CHROMIUM, Chromium, chromium_available, png_size
 
 from spark_jobs.report import RuleChange, build_report, load_backtest, write_report
-
-ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.skipif(
     not chromium_available(), reason=f"headless Chromium not installed at {CHROMIUM} (apt-get install chromium)"
@@ -136,7 +136,8 @@ def test_report_renders_plots_and_tables_in_chromium(tmp_path: Path) -> None:
                          added: rows.filter(r => r.classList.contains('added')).length,
                          removed: rows.filter(r => r.classList.contains('removed')).length}; })()"""
         )
-        shot = browser.screenshot(ROOT / "tests" / "screenshots" / "report.png")
+        out = Path(os.environ.get("RULES_SCREENSHOT_DIR") or tmp_path)
+        shot = browser.screenshot(out / "report.png")
 
     titles = [p["title"] for p in plots]
     assert "Detections over time: rapid_clicks" in titles and "Detections over time: big_purchase" in titles

@@ -150,11 +150,11 @@ public final class BatchVelocity {
                                 out.add(RowFactory.create(row.get(topic), row.get(seq), row.get(raw), row.get(proc), t,
                                         i, s.agg, null));
                             }
-                        } catch (PyError e) {
+                        } catch (EvaluationError e) {
                             // The live job dead-letters what it cannot evaluate (an exact sum
                             // beyond the double range), and keeps the window without it.
                             out.add(RowFactory.create(row.get(topic), row.get(seq), row.get(raw), row.get(proc), t, i,
-                                    null, PyError.reason(e)));
+                                    null, EvaluationError.reason(e)));
                         }
                     }
                 }
@@ -207,7 +207,7 @@ public final class BatchVelocity {
          * The event at time t (after every earlier one of the key) enters; true when the
          * rule fires there ({@link Velocity.Crossing}), with the window's aggregation in
          * `agg`.
-         * Throws PyError where the live job's evaluation raises (an exact sum beyond the
+         * Throws EvaluationError where the live job's evaluation raises (an exact sum beyond the
          * double range), the event then not taken.
          */
         boolean step(long t, double value, String text) {
@@ -227,7 +227,7 @@ public final class BatchVelocity {
             }
             try {
                 agg = window.value(hi - lo);
-            } catch (PyError e) {
+            } catch (EvaluationError e) {
                 // Not taken: the window as it was (the entries that left stay gone, as
                 // they would for any later event).
                 hi--;

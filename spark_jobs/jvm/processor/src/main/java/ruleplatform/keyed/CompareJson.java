@@ -7,7 +7,7 @@ import com.fasterxml.jackson.databind.json.JsonMapper;
 import java.util.regex.Pattern;
 
 /**
- * spark_jobs/engine/conditions.py compare_json: a correlation's `last` context value
+ * The rule language's comparison (spark_jobs/engine/conditions.py compare_spec) for a correlation's `last` context value
  * (JSON text) against the rule's condition under metric `direct`. A missing value or JSON
  * null never matches; a number or numeric string compares as a number for every
  * operator (booleans are no numbers); otherwise only == and != apply, comparing a
@@ -31,7 +31,7 @@ final class CompareJson {
         try {
             x = JSON.readTree(jsonValue);
         } catch (Exception e) {
-            throw new PyError("JSONDecodeError", String.valueOf(e.getMessage()));
+            throw new EvaluationError("context value is not valid JSON: " + e.getMessage());
         }
         if (x == null || x.isNull() || x.isMissingNode()) {
             return false;
@@ -69,7 +69,7 @@ final class CompareJson {
         if (x.isIntegralNumber()) {
             double d = x.bigIntegerValue().doubleValue();
             if (Double.isInfinite(d)) { // float(int) of Python
-                throw new PyError("OverflowError", "int too large to convert to float");
+                throw new EvaluationError("integer beyond the double range");
             }
             return d;
         }

@@ -1,18 +1,19 @@
 package ruleplatform.keyed;
 
 import java.util.ArrayList;
+import java.util.Collection;
 import java.util.List;
 
 /**
- * keyed_logic.correlation_step / resolve / judge / evict_context for one key: context
+ * A correlation rule's step for one key (docs/rule-language.md, "Correlation"): context
  * first (a primary sees context of its own batch whatever the arrival order), then the
  * held primaries (`last` only) in (ts, seq) order, then the batch's primaries.
  */
 final class Correlation {
     private Correlation() {}
 
-    /** keyed_logic.Resolved: last value or mean, its JSON text (last), record, std. */
-    private static final class Resolved {
+    /** The resolved context: last value or mean, its JSON text (last), record, std. */
+    static final class Resolved {
         Double num;
         String jv;
         String record;
@@ -54,7 +55,7 @@ final class Correlation {
     }
 
     /** Context in [t - lookback, t] resolved per the rule; null when none is usable. */
-    private static Resolved resolve(RuleSpec rule, List<Ev> context, long t) {
+    static Resolved resolve(RuleSpec rule, Collection<Ev> context, long t) {
         long lo = t - rule.lookbackMs;
         if (rule.lastResolution) {
             Ev best = null;
@@ -82,19 +83,28 @@ final class Correlation {
         if (n == 0 || n < rule.minContextPoints) {
             return null;
         }
-        double mean = PyMath.fsum(nums, 0, n) / n;
+        double mean = ExactSum.of(nums, 0, n) / n;
         double[] sq = new double[n];
         for (int i = 0; i < n; i++) {
-            sq[i] = PyMath.square(nums[i] - mean);
+            sq[i] = squared(nums[i] - mean);
         }
-        double std = Math.sqrt(PyMath.fsum(sq, 0, n) / n);
+        double std = Math.sqrt(ExactSum.of(sq, 0, n) / n);
         Resolved r = new Resolved();
         r.num = mean;
         r.std = std;
-        // json.dumps({"mean": mean, "std": std, "count": n})
-        r.record = "{\"mean\": " + PyMath.jsonFloat(mean) + ", \"std\": " + PyMath.jsonFloat(std)
+        // The context record of a detection: {"mean": m, "std": s, "count": n}.
+        r.record = "{\"mean\": " + JsonNumbers.json(mean) + ", \"std\": " + JsonNumbers.json(std)
                 + ", \"count\": " + n + "}";
         return r;
+    }
+
+    /** x * x; a finite x whose square is beyond the double range cannot be evaluated. */
+    private static double squared(double x) {
+        double y = x * x;
+        if (Double.isInfinite(y) && Double.isFinite(x)) {
+            throw new EvaluationError("squared deviation from the mean exceeds the double range");
+        }
+        return y;
     }
 
     private static boolean op(String op, double a, double b) {
@@ -105,12 +115,12 @@ final class Correlation {
             case "<=": return a <= b;
             case "==": return a == b;
             case "!=": return a != b;
-            default: throw new PyError("KeyError", "'" + op + "'");
+            default: throw new EvaluationError("unknown operator '" + op + "'");
         }
     }
 
-    /** The metric and the condition (keyed_logic.judge). */
-    private static Emit judge(RuleSpec rule, Ev primary, Resolved res) {
+    /** The metric and the condition. */
+    static Emit judge(RuleSpec rule, Ev primary, Resolved res) {
         if ("direct".equals(rule.metric) && rule.lastResolution) {
             if (!CompareJson.matches(res.jv, rule)) {
                 return null;

@@ -23,29 +23,26 @@ import scala.Tuple2;
 import scala.jdk.javaapi.CollectionConverters;
 
 /**
- * The JVM twin of spark_jobs/streaming/processor.py DetectionProcessor: the same input
- * rows (one per (event, key group), `m` naming the slots the event enters), grouped by
- * (gid, bucket), and the same OUTPUT_SCHEMA rows (detection | routed | dead, same reasons
- * and values). Every semantic point below mirrors processor.py / keyed_logic.py and must
- * change with them.
+ * The live job's keyed operator (spark_jobs/streaming/jvm_operator.py): input rows one
+ * per (event, key group), `m` naming the slots the event enters, grouped by (gid,
+ * bucket); output OUTPUT_SCHEMA rows (detection | routed | dead). The semantics are those
+ * of docs/rule-language.md; the backtest (spark_jobs/backtest) must give the same detections.
  *
  * State: one MapState entry per (key, rule) (`key NUL rule_id` -> SubState bytes), so a
- * batch writes only the sub-states it touched (the Python processor rewrites its whole
- * bucket because each state call is a round trip; here calls are in-process), and one
+ * batch writes only the sub-states it touched, and one
  * ValueState with the bucket's event-time timer. Expiry is per sub-state (its newest
  * event a full window plus the rule's lateness behind), applied when the bucket's one
  * timer fires at (or before) the earliest expiry.
  *
- * Known differences (they need values near the double range or signed zeros): CPython's fsum also raises
- * OverflowError when only an intermediate partial sum overflows (here only a final sum
- * beyond the double range does); min/max of a window holding both 0.0 and -0.0 may give
- * the other zero; a failure message is cut at 300 UTF-16 units, not code points.
+ * Edge cases: only a final sum beyond the double range fails a key (ExactSum); min/max
+ * of a window holding both 0.0 and -0.0 may give either zero; a failure message is cut
+ * at 300 UTF-16 units, not code points.
  */
 public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
     private static final long serialVersionUID = 1L;
     private static final char SEP = '\u0000'; // JSON key text never holds a raw NUL
 
-    /** processor.py PASS_GID: the second operator's groups of rows that only pass through. */
+    /** keyed_rows.py PASS_GID: the second operator's groups of rows that only pass through. */
     public static final String PASS_GID = "\u0000pass";
     /** The position of ts_ms in KeyedOperator.OUTPUT_SCHEMA (and in a pass row's columns). */
     private static final int TS_MS = KeyedOperator.OUTPUT_SCHEMA.fieldIndex("ts_ms");
@@ -72,7 +69,7 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
     }
 
     /**
-     * chained: a second operator follows, so every output row carries `et` (processor.py
+     * chained: a second operator follows, so every output row carries `et` (keyed_rows.py
      * CHAINED_SCHEMA) as a java.time.Instant when java8Time, else a java.sql.Timestamp
      * (what Spark's row encoder expects under spark.sql.datetime.java8API.enabled);
      * passes: the PASS_GID groups' rows are handed on as they came (stamped when chained).
@@ -120,7 +117,7 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
         timer = getHandle().getValueState("timer", Encoders.LONG(), TTLConfig.NONE());
     }
 
-    /** A rule's rows of the batch by key, in arrival order (processor.py _rows_by_rule). */
+    /** A rule's rows of the batch by key, in arrival order. */
     private static final class RuleRows {
         final RuleSpec rule;
         final LinkedHashMap<String, List<Ev>> byKey = new LinkedHashMap<>();
@@ -199,8 +196,8 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
                     stored = evaluate(rule, e.getValue(), watermark, keyOut, v == null ? null : SubState.decode(v));
                 } catch (RuntimeException exc) {
                     // One key's failure dead-letters that key's rows and keeps its state;
-                    // the batch, every other key and rule go on (processor.py).
-                    String reason = PyError.reason(exc);
+                    // the batch, every other key and rule go on.
+                    String reason = EvaluationError.reason(exc);
                     for (Ev r : e.getValue()) {
                         out.add(output("dead", rule, r, null, reason));
                     }
@@ -239,7 +236,7 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
     }
 
     /**
-     * processor.py _forget_idle_processing_time_keys: a processing-time rule's sub-states
+     * Forgetting idle processing-time keys: a processing-time rule's sub-states
      * of keys without rows in the batch whose newest event is a whole window older than
      * the newest broker time of the rule's rows are dropped (nothing later can see them).
      */
@@ -280,7 +277,7 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
     }
 
     /**
-     * One key's rows of the batch (processor.py _key), `v` its stored sub-state: outputs
+     * One key's rows of the batch, `v` its stored sub-state: outputs
      * appended to `out`; returns the new sub-state (null: untouched).
      */
     private static SubState evaluate(RuleSpec rule, List<Ev> rows, long watermark, List<Row> out, SubState v) {
@@ -290,7 +287,8 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
             if (r.ts == null) {
                 // No usable timestamp: the row never touches state.
                 out.add(output("dead", rule, r, null, r.tsIssue != null ? r.tsIssue
-                        : "missing or unparseable timestamp needed by " + rule.ruleType + " rule"));
+                        : "missing or unparseable timestamp field '" + rule.timestampField + "' needed by "
+                                + rule.ruleType + " rule"));
                 continue;
             }
             anyTime = true;
@@ -349,7 +347,7 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
         return java8Time ? java.time.Instant.ofEpochMilli(ms) : new java.sql.Timestamp(ms);
     }
 
-    /** `x or y` of Python on an optional time: 0 is falsy there too. */
+    /** An optional time, or y when it is absent or 0. */
     private static long orElse(Long x, long y) {
         return x == null || x == 0L ? y : x;
     }
@@ -400,7 +398,7 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
         }
     }
 
-    /** One OUTPUT_SCHEMA row (processor.py _out). */
+    /** One OUTPUT_SCHEMA row. */
     private static Row output(String kind, RuleSpec rule, Ev row, Emit e, String reason) {
         return RowFactory.create(
                 kind, rule.ruleId, rule.version, rule.ruleType, rule.name,

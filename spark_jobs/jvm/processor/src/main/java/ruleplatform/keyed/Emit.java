@@ -1,6 +1,6 @@
 package ruleplatform.keyed;
 
-/** keyed_logic.Emit: an output of a velocity or correlation step for one row. */
+/** An output of a velocity or correlation step for one row. */
 final class Emit {
     final Ev row;
     Double aggValue;

@@ -1,8 +1,7 @@
 package ruleplatform.keyed;
 
 /**
- * keyed_logic.Row plus what processor.py's input tuple carries: one (event, rule row)
- * of a key. ts is null when the rule cannot use the event's time (its `a<i>` issue is
+ * One (event, rule row) of a key. ts is null when the rule cannot use the event's time (its `a<i>` issue is
  * then in tsIssue).
  */
 final class Ev {
@@ -29,7 +28,7 @@ final class Ev {
         this.tsIssue = tsIssue;
     }
 
-    /** Sort order of keyed_logic: (ts, seq), stable for equal pairs. */
+    /** Sort order of a key's rows: (ts, seq), stable for equal pairs. */
     static int byTsSeq(Ev a, Ev b) {
         int c = Long.compare(a.ts, b.ts);
         if (c != 0) {

@@ -10,14 +10,13 @@ import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.types.StructType;
 
 /**
- * The entry point the job calls through py4j: the keyed operator of the live plan in
- * the JVM, a drop-in for
- * {@code groupBy("gid","bucket").transformWithStateInPandas(DetectionProcessor(...), OUTPUT_SCHEMA, "Append", "EventTime")}.
+ * The entry point the job calls through py4j (jvm_operator.py): the keyed operator of
+ * the live plan, {@code groupBy("gid","bucket").transformWithState(DetectionProcessor)}.
  */
 public final class KeyedOperator {
     private KeyedOperator() {}
 
-    /** processor.py OUTPUT_SCHEMA, field for field. */
+    /** keyed_rows.py OUTPUT_SCHEMA, field for field. */
     public static final StructType OUTPUT_SCHEMA = new StructType(new StructField[] {
         field("kind", DataTypes.StringType),
         field("rule_id", DataTypes.StringType),
@@ -39,7 +38,7 @@ public final class KeyedOperator {
         field("reason", DataTypes.StringType),
     });
 
-    /** processor.py CHAINED_SCHEMA: OUTPUT_SCHEMA and the event time Spark chains on. */
+    /** keyed_rows.py CHAINED_SCHEMA: OUTPUT_SCHEMA and the event time Spark chains on. */
     public static final StructType CHAINED_SCHEMA = OUTPUT_SCHEMA.add(field("et", DataTypes.TimestampType));
 
     private static StructField field(String name, org.apache.spark.sql.types.DataType type) {

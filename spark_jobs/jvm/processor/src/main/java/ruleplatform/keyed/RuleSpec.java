@@ -13,10 +13,11 @@ final class RuleSpec {
     final String version;
     final String ruleType; // velocity | correlation
     final String name;
-    /** processor.py _signature: a change resets the window and buffers. */
+    /** keyed_rows.py signature: a change resets the window and buffers. */
     final String signature;
     final boolean velocity;
     final boolean usesEventTime;
+    final String timestampField; // the event's time, named in dead-letter reasons
     final long windowMs;
     final long watermarkDelayMs; // int(rule.watermark_delay * 1000)
     // velocity
@@ -45,6 +46,7 @@ final class RuleSpec {
         signature = n.get("signature").asText();
         velocity = "velocity".equals(ruleType);
         usesEventTime = n.get("uses_event_time").asBoolean();
+        timestampField = text(n, "timestamp_field");
         windowMs = n.get("window_ms").asLong();
         watermarkDelayMs = n.get("watermark_delay_ms").asLong();
         aggregationType = text(n, "aggregation_type");

@@ -3,9 +3,9 @@ package ruleplatform.keyed;
 import com.fasterxml.jackson.databind.JsonNode;
 
 /**
- * processor.py Slot: one keyed rule row of the plan, named by its index in a row's `m`,
+ * keyed_rows.py Slot: one keyed rule row of the plan, named by its index in a row's `m`,
  * with the input columns (indexes into the operator's input schema, -1: not there, read
- * as NULL as the Python processor reads a missing column) of its time and value.
+ * as NULL) of its time and value.
  */
 final class Slot {
     final RuleSpec rule;

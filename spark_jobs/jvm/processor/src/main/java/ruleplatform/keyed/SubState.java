@@ -10,7 +10,7 @@ import java.util.ArrayList;
 import java.util.List;
 
 /**
- * One (key, rule) sub-state, processor.py KEY_STATE_FIELDS: signature, last crossing
+ * One (key, rule) sub-state: signature, last crossing
  * flag, newest event time, expiry, the velocity window (columns sorted by time; values
  * only where the aggregation reads them) or the correlation buffers (context, held
  * primaries). Stored as the value of a MapState entry keyed by key + NUL + rule id, in a
@@ -144,7 +144,7 @@ final class SubState {
     }
 
     /**
-     * Buffered correlation rows. As processor.py _dump_rows: a missing raw or topic is
+     * Buffered correlation rows: a missing raw or topic is
      * stored as "" (so it comes back as ""), num and jv keep their nulls.
      */
     private static void writeRows(DataOutputStream o, List<Ev> rows) throws IOException {

@@ -8,18 +8,18 @@ import java.util.List;
 import java.util.Map;
 
 /**
- * keyed_logic.velocity_step / evict_window for one key: the batch's rows (sorted by
+ * A velocity rule's step and window eviction for one key: the batch's rows (sorted by
  * (ts, seq)) enter the key's window, each judged over the window's events with time in
  * (ts - window, ts]: the stored events up to and including its time and the batch's rows
  * up to and including itself.
  *
  * Merged into one sorted column (a batch row after stored rows and earlier batch rows of
- * equal time, exactly where keyed_logic._insert puts it), each row's window is one
+ * equal time), each row's window is one
  * contiguous range ending at the row itself, and both ends only move forward: the
  * aggregates slide (exact BigDecimal sum, monotonic deques for min/max, value counts for
  * distinct_count) instead of being recomputed per row. The results are those of
- * keyed_logic._aggregate by definition: count as a double, sum = math.fsum (exact,
- * rounded once), avg = that sum / number of values, min/max/sum/avg skip events without
+ * the aggregation's definition: count as a double, sum exact and
+ * rounded once (ExactSum), avg = that sum / number of values, min/max/sum/avg skip events without
  * a value, distinct_count counts distinct JSON texts (null being one of them).
  */
 final class Velocity {
@@ -119,7 +119,7 @@ final class Velocity {
     }
 
     /**
-     * keyed_logic.velocity_step's emit decision for one key's rule, an event at a time
+     * The emit decision for one key's rule, an event at a time
      * in (ts, seq) order; also the backtest's ({@link BatchVelocity}). An `all_events`
      * rule fires whenever its aggregation is at or above the threshold; a `last_event`
      * rule when it crosses it: the previous evaluation was below, or is void because the
@@ -156,7 +156,7 @@ final class Velocity {
         final String kind;
         final double[] num;
         final String[] jv;
-        // sum / avg: the exact sum of the finite values, and CPython fsum's special values
+        // sum / avg: the exact sum of the finite values, and the non-finite values'
         BigDecimal sum = BigDecimal.ZERO;
         int values; // values present (not NaN)
         int nan;
@@ -226,7 +226,7 @@ final class Velocity {
 
         private void add(double x, int sign) {
             if (x != x) {
-                return; // no value: skipped (keyed_logic filters NaN out)
+                return; // no value: skipped
             }
             values += sign;
             if (Double.isInfinite(x)) {
@@ -250,7 +250,7 @@ final class Velocity {
                 case "min":
                 case "max":
                     if (mono.isEmpty()) {
-                        throw new PyError("ValueError", kind + "() arg is an empty sequence");
+                        throw new EvaluationError(kind + " of a window with no values");
                     }
                     return num[mono.peekFirst()];
                 default: {
@@ -265,12 +265,12 @@ final class Velocity {
                         special += Double.NEGATIVE_INFINITY;
                         infSum += Double.NEGATIVE_INFINITY;
                     }
-                    double s = PyMath.finish(sum, anySpecial, special, infSum);
+                    double s = ExactSum.finish(sum, anySpecial, special, infSum);
                     if ("sum".equals(kind)) {
                         return s;
                     }
                     if (values == 0) {
-                        throw new PyError("ZeroDivisionError", "float division by zero");
+                        throw new EvaluationError("average of a window with no values");
                     }
                     return s / values;
                 }

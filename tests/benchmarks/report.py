@@ -1,0 +1,217 @@
+"""Writes the results section of docs/benchmarks.md from tests/benchmarks/results.jsonl.
+
+    .venv/bin/python tests/benchmarks/report.py          # rewrite the section
+    .venv/bin/python tests/benchmarks/report.py --check  # exit 1 if it is out of date
+
+For each benchmark: what it measures, the command, and a table of its rows in
+results.jsonl (record.py appends them), oldest first. Only the text between BEGIN and
+END is written; tests/unit/test_benchmarks_doc.py fails when it differs from what this
+script writes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+RESULTS = HERE / "results.jsonl"
+DOC = ROOT / "docs" / "benchmarks.md"
+BEGIN = "<!-- BEGIN results: written by tests/benchmarks/report.py from tests/benchmarks/results.jsonl; do not edit -->"
+END = "<!-- END results -->"
+PY = "PYTHONPATH=. .venv/bin/python tests/benchmarks/"
+
+
+@dataclass(frozen=True)
+class Bench:
+    script: str
+    what: str
+    command: str
+    context: list[tuple[str, str]] = field(default_factory=list)  # (key, column title): the run's settings
+    figures: list[tuple[str, str]] = field(default_factory=list)  # (key, column title)
+
+
+BENCHES = {
+    "backtest": Bench(
+        "bench_backtest.py",
+        "Backtest throughput of generated events under 50 threshold, 10 velocity and 2 correlation rules on "
+        "`local[2]`; `--table` reads them from a Delta table shaped like the event archive, `--repeat N` runs "
+        "warm repeats in one session, `--only RULE_ID` times some rules.",
+        f"{PY}bench_backtest.py --events 1000000 --table --repeat 3",
+        [("events", "events"), ("source", "from"), ("run", "run")],
+        [("events_per_s", "events/s"), ("elapsed_s", "s"), ("jvm_cpu_s", "JVM CPU s"), ("jit_s", "of it JIT s"),
+         ("driver_cpu_s", "driver CPU s"), ("detections", "detections")]),
+    "backtest_floor": Bench(
+        "bench_backtest_floor.py",
+        "The floor under the backtest: the same run written by hand as the cheapest Spark plan for exactly "
+        "these rules and data (no engine); `--parts` times each rule kind.",
+        f"{PY}bench_backtest_floor.py --events 1000000 --table",
+        [("events", "events"), ("source", "from")],
+        [("events_per_s", "at most events/s"), ("floor_s", "floor s"), ("parse_s", "parse s"),
+         ("rules_s", "rules and output s")]),
+    "backtest_fixed_cost": Bench(
+        "bench_backtest_fixed_cost.py",
+        "A backtest's fixed cost on a small input: Python imports, Spark start-up, the first and warm "
+        "backtests, and the same from the archive table.",
+        f"{PY}bench_backtest_fixed_cost.py --events 1000",
+        [("events", "events")],
+        [("imports_s", "imports s"), ("spark_startup_s", "Spark start-up s"), ("backtest_cold_s", "first backtest s"),
+         ("backtest_warm_s", "warm backtests s"), ("archive_backtest_s", "from the archive s"),
+         ("total_cold_s", "cold total s")]),
+    "detect": Bench(
+        "bench_detect.py",
+        "Live throughput and latency: an embedded broker and `rulectl detect`, events produced at a target "
+        "rate; the sustained rate and p50/p99 produce-to-detection latency; `--warmup S` leaves a first load out.",
+        f"{PY}bench_detect.py --rate 20000 --seconds 30 --users 2000 --warmup 20",
+        [("rate", "target events/s"), ("seconds", "s"), ("warmup_s", "warm-up s")],
+        [("events_per_s", "sustained events/s"), ("latency_p50_s", "p50 s"), ("latency_p99_s", "p99 s")]),
+    "backlog": Bench(
+        "bench_backlog.py",
+        "Backlog drain: the live job draining a backlog (threshold and event-time velocity rules); its "
+        "detections are compared with the reference evaluator's.",
+        f"{PY}bench_backlog.py --events 300000",
+        [("events", "events"), ("max_offsets", "max offsets per trigger")],
+        [("events_per_s", "events/s"), ("drain_s", "drain s"), ("detections", "detections"),
+         ("detections_equal_reference", "equal to the reference")]),
+    "first_detection": Bench(
+        "bench_first_detection.py",
+        "Seconds from `rulectl detect` starting to its first detection on the sink, with `rules/` and the demo "
+        "events on a real broker.",
+        f"{PY}bench_first_detection.py --runs 2",
+        [("run", "run")],
+        [("first_batch_s", "first micro-batch s"), ("first_detection_s", "first detection s")]),
+    "live_floor": Bench(
+        "bench_live_floor.py",
+        "The floor under the live job: Spark's Kafka source, parse and sink with no rules; `--stateful` adds a "
+        "do-nothing Python stateful operator, `--jvm-rules` the rules' work in Spark's own operators; "
+        "`--backlog N` drains instead of a live rate; `--real-time DURATION` uses real-time mode.",
+        f"{PY}bench_live_floor.py --jvm-rules --rate 20000 --seconds 30",
+        [("variant", "variant"), ("trigger", "trigger"), ("rate", "target events/s"), ("backlog", "backlog")],
+        [("events_per_s", "events/s"), ("latency_p50_s", "p50 s"), ("latency_p99_s", "p99 s")]),
+    "live_plan": Bench(
+        "bench_live_plan.py",
+        "The JVM CPU per event of each part of the live plan (read, parse, the first operator's input), as "
+        "batch queries to the noop sink: the figure to compare between runs on a loaded machine.",
+        f"{PY}bench_live_plan.py --events 300000",
+        [("events", "events")],
+        [("read_us_per_event", "read µs/event"), ("classify_us_per_event", "+ parse µs/event"),
+         ("event_rows_us_per_event", "+ operator input µs/event"), ("operator_rows_per_event", "operator rows/event")]),
+    "cluster": Bench(
+        "bench_cluster.py",
+        "The live job draining a backlog on the one-machine cluster (three brokers, a standalone master, "
+        "1 or 2 workers, client mode).",
+        f"{PY}bench_cluster.py --events 120000 --workers 1 2",
+        [("events", "events"), ("workers", "workers")],
+        [("events_per_s", "events/s")]),
+    "release": Bench(
+        "bench_release.py",
+        "Seconds from a rule commit to its approval request on a running platform, per task of `rule_release` "
+        "(each row's `tasks` in results.jsonl). On a platform started with `rulectl up --workdir /tmp/bench/var "
+        "--port 19092 --airflow-port 18080` whose demo has filled the archive for a few minutes "
+        "(`--start --fill-minutes 5` starts and stops one itself).",
+        ".venv/bin/python tests/benchmarks/bench_release.py --workdir /tmp/bench/var --airflow-port 18080",
+        [("label", "what")],
+        [("commit_to_detection_s", "commit → sensor s"), ("commit_to_approval_s", "commit → approval request s")]),
+    "real_time_mode": Bench(
+        "bench_real_time_mode.py",
+        "Which of the live job's operator kinds Spark's real-time mode accepts on the pinned Spark, and when "
+        "a stateful query's first result arrives with the allowlist check off.",
+        f"{PY}bench_real_time_mode.py --batch-duration \"20 seconds\"",
+        [("spark_version", "Spark"), ("batch_duration", "batch duration")],
+        [("stateless_accepted", "stateless accepted"), ("stateful_accepted", "live plan accepted"),
+         ("bypass_first_result_s", "allowlist off: first result s")]),
+}
+
+
+def read_rows(results: Path = RESULTS) -> list[dict]:
+    if not results.is_file():
+        return []
+    return [json.loads(line) for line in results.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def _cell(value: object) -> str:
+    if value is None or value == "":
+        return "–"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:g}" if abs(value) < 1e6 else f"{value:,.0f}"
+    if isinstance(value, int):
+        return f"{value:,}" if abs(value) >= 10_000 else str(value)
+    if isinstance(value, list):
+        return ", ".join(_cell(v) for v in value)
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def _load(row: dict) -> str:
+    value = row.get("load_avg")
+    if isinstance(value, list) and value:
+        return _cell(value[0])  # the 1-minute average
+    return _cell(value)
+
+
+def _commit(row: dict) -> str:
+    commit = row.get("project_commit")
+    if not commit:
+        return "–"
+    return commit[:7] + (" + changes" if row.get("dirty") else "")
+
+
+def table(bench: Bench, rows: list[dict]) -> str:
+    head = ["date (UTC)", "commit", "cores, CPU", "load (1-min average, or as noted)"] + [t for _, t in bench.context + bench.figures]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in sorted(rows, key=lambda r: r.get("date") or ""):
+        cells = [(row.get("date") or "–")[:16].replace("T", " "), _commit(row),
+                 f"{row.get('cores', '–')}, {row.get('cpu_model', '–')}", _load(row)]
+        cells += [_cell(row.get(k)) for k, _ in bench.context + bench.figures]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def section(rows: list[dict]) -> str:
+    by_bench: dict[str, list[dict]] = {}
+    for row in rows:
+        by_bench.setdefault(row.get("bench", "?"), []).append(row)
+    parts = [BEGIN, ""]
+    for name, bench in BENCHES.items():
+        parts += [f"### `{bench.script}`", "", bench.what, "", "```", bench.command, "```", ""]
+        mine = by_bench.pop(name, [])
+        parts += [table(bench, mine) if mine else f"No results yet; run `{bench.command}`.", ""]
+    for name, other in sorted(by_bench.items()):  # rows of a benchmark this script does not know
+        parts += [f"### `{name}` (not described in tests/benchmarks/report.py)", "",
+                  table(Bench("?", "", ""), other), ""]
+    parts.append(END)
+    return "\n".join(parts)
+
+
+def render(doc: str, rows: list[dict]) -> str:
+    """`doc` with its section between BEGIN and END written from `rows`."""
+    start, end = doc.find(BEGIN), doc.find(END)
+    if start < 0 or end < start:
+        raise ValueError(f"{DOC} has no section between {BEGIN!r} and {END!r}")
+    return doc[:start] + section(rows) + doc[end + len(END):]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--check", action="store_true", help="exit 1 if docs/benchmarks.md is out of date")
+    args = ap.parse_args()
+    doc = DOC.read_text(encoding="utf-8")
+    new = render(doc, read_rows())
+    if args.check:
+        if new != doc:
+            print(f"{DOC} is out of date: run .venv/bin/python tests/benchmarks/report.py", file=sys.stderr)
+            return 1
+        return 0
+    if new != doc:
+        DOC.write_text(new, encoding="utf-8")
+        print(f"wrote {DOC}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
