@@ -259,7 +259,11 @@ def _compile_twice(spark, tmp_path, monkeypatch) -> None:
     before = _compiled(spark)
     first = run_backtest(spark, cfg)
     generated = _compiled(spark) - before
-    assert generated > 100, f"the rule set should need more classes than Spark's default cache: {generated}"
+    # Alone on a session this rule set generates more classes than Spark's default cache
+    # (100) holds; after other tests on a shared session, fewer are new. The session
+    # must keep room for them whatever ran before.
+    assert generated > 0
+    assert int(spark.conf.get("spark.sql.codegen.cache.maxEntries")) >= 1000
     again = _compiled(spark)
     second = run_backtest(spark, cfg)
     # A few may be new: adaptive execution re-plans a branch from the stages that have
