@@ -29,10 +29,6 @@ ENTRIES: dict[Pass, tuple[str, str]] = {
     "correlation": ("ruleplatform.keyed.BatchCorrelation", "judged"),
 }
 
-PLUGIN_CLASS = "ruleplatform.keyed.ConnectPasses"
-PLUGIN_CONF = "spark.connect.extensions.relation.classes"
-
-
 def run_pass(df: DataFrame, which: Pass, spec: str) -> DataFrame:
     """`df` through the JVM pass `which` with `spec` (JSON), on the session `df` is on."""
     if isinstance(df, ConnectDataFrame):
