@@ -15,6 +15,12 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 # a checkout where `rulectl up` ran has one under var/. Tests read their own files unless
 # they name a table.
 os.environ.setdefault("RULES_ARCHIVE_TABLE", str(ROOT / ".no-archive-in-tests"))
+# Every JVM the tests start (Spark sessions, spark-submit jobs, brokers, Connect servers)
+# inherits this and compiles with C1 only. A test's JVM lives seconds to minutes on a few
+# hundred records, where C2's compiler threads cost more CPU than their code saves, and
+# the suite's JVMs share two cores; the JIT tier changes no result. A JAVA_TOOL_OPTIONS
+# of your own replaces it (set it empty for HotSpot's default).
+os.environ.setdefault("JAVA_TOOL_OPTIONS", "-XX:TieredStopAtLevel=1")
 
 # ----------------------------------------------------------------------------- Spark
 

@@ -172,7 +172,11 @@ def _write_and_count(parsed: DataFrame, lines: DataFrame, result: EngineResult, 
     spark = lines.sparkSession
     tmp = out_dir / ".lines.parts"
     shutil.rmtree(tmp, ignore_errors=True)
-    lines = lines.persist(KEEP_LEVEL)
+    # Every rule group's branch gives the lines' union partitions of its own (hundreds for
+    # a rule set over many topics), and each partition's task deserializes the whole
+    # union's plan before it reads a row: coalesced (partitions merged, no shuffle) to as
+    # many as the session runs at once, the plan is deserialized that many times.
+    lines = lines.coalesce(_parallelism(spark)).persist(KEEP_LEVEL)
     no_key = [F.lit(None).cast(t).alias(c) for c, t in (("k_time", "long"), ("rule_id", "string"),
                                                         ("k_seq", "long"), ("k_id", "string"))]
     counts = _counts(parsed, lines.coalesce(2), result).select(
@@ -202,6 +206,10 @@ def _write_and_count(parsed: DataFrame, lines: DataFrame, result: EngineResult, 
     shutil.rmtree(tmp, ignore_errors=True)
     lines.unpersist()
     return {(r["what"], r.get("name") or ""): r for r in rows}
+
+
+def _parallelism(spark: SparkSession) -> int:
+    return max(2, int(spark.conf.get("spark.sql.shuffle.partitions", "2") or 2))
 
 
 def _iso(ms: int | None) -> str | None:

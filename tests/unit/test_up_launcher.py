@@ -47,7 +47,9 @@ def dummy(tmp_path: Path, name: str, log: Path, *, code: int = 0, **kw) -> Child
     return ChildSpec(name=name, argv=[sys.executable, str(script), name, str(log), str(code)], **kw)
 
 
-def wait_for(predicate, timeout: float = 10.0) -> None:
+def wait_for(predicate, timeout: float = 60.0) -> None:
+    """Polls `predicate`; the timeout is generous because the CI machine runs this beside
+    JVMs that keep both cores busy, where starting a Python child takes seconds."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
