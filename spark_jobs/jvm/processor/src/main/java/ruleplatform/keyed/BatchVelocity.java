@@ -7,7 +7,6 @@ import java.io.UncheckedIOException;
 import java.util.ArrayDeque;
 import java.util.Arrays;
 import java.util.Iterator;
-import java.util.List;
 import java.util.NoSuchElementException;
 import java.util.Objects;
 import org.apache.spark.api.java.function.MapPartitionsFunction;
@@ -20,23 +19,16 @@ import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.types.StructType;
 
 /**
- * The backtest's velocity rules (spark_jobs/engine/velocity.py), every group of them in
- * one pass over the entered events sorted by (group, key, time, arrival): per key and rule
- * a window that slides forward, the live job's own aggregation ({@link Velocity.Window}:
- * exact sums, monotonic deques for min/max, value counts for distinct_count) and its emit
- * rule.
- *
- * A group is the rules that read one topic with one key and one clock. One pass for all
- * of them keeps the plan one shuffle and one sort whatever the number of groups: a pass
- * per group was a stage per group, and a rule set over many topics spent its time
- * scheduling and deserializing those stages, not reading events
- * (bench_backtest_topics.py, docs/benchmarks.md).
+ * The backtest's velocity rules of one group (spark_jobs/engine/velocity.py) in one pass
+ * over the group's events sorted by (key, time, arrival): per key and rule a window that
+ * slides forward, the live job's own aggregation ({@link Velocity.Window}: exact sums,
+ * monotonic deques for min/max, value counts for distinct_count) and its emit rule.
  *
  * Spark's window functions need an expression per (rule, frame) and a frame per window
  * size; a ten-rule group was 27 window expressions in three Window operators, each
  * carrying every row's text through: the largest gap of the backtest to a hand-written
- * plan for the same rules (bench_backtest_floor.py, docs/benchmarks.md). Here each event
- * is read once, and each rule it enters costs O(1) amortized.
+ * plan for the same rules (bench_backtest_floor.py, docs/benchmarks.md). Here each event is read once,
+ * and each rule it enters costs O(1) amortized.
  * State is bounded by the rows of one key's largest window (entries leave as the window
  * moves; the columns are compacted, not grown, while half of them are free).
  */
@@ -45,40 +37,35 @@ public final class BatchVelocity {
 
     /**
      * velocity.py `_fired`'s columns: the event's, the index of the rule, and its
-     * aggregation where it fired, or the reason it could not be evaluated (a dead letter;
-     * ts_ms is NULL where the reason is that the event has no usable time).
+     * aggregation where it fired, or the reason it could not be evaluated (a dead letter).
      */
     public static final StructType OUTPUT_SCHEMA = new StructType(new StructField[] {
         DataTypes.createStructField("topic", DataTypes.StringType, true),
         DataTypes.createStructField("seq", DataTypes.LongType, true),
         DataTypes.createStructField("raw", DataTypes.StringType, true),
         DataTypes.createStructField("proc_ms", DataTypes.LongType, true),
-        DataTypes.createStructField("ts_ms", DataTypes.LongType, true),
+        DataTypes.createStructField("ts_ms", DataTypes.LongType, false),
         DataTypes.createStructField("_i", DataTypes.IntegerType, false),
         DataTypes.createStructField("agg", DataTypes.DoubleType, true),
         DataTypes.createStructField("reason", DataTypes.StringType, true),
     });
 
     /**
-     * The rows of `entered` (velocity.py `_entered`: topic, seq, raw, proc_ms, and per
-     * group it enters: g, k, ts_ms (NULL without a usable time), q (array: which of the
-     * group's entry tests it passes), xn and xj (arrays: the numbers and JSON texts its
-     * rules aggregate)) at which a rule of `specJson` fires or cannot be evaluated:
-     * {"groups": [{"untimed": reason, "rules": [{"q", "x", "aggregation_type",
-     * "window_ms", "threshold", "all_events"}]}]}, `q` and `x` indexes into the arrays, a
-     * rule's index in the groups' rules taken in order its `_i`.
+     * The rows of `entered` (velocity.py `_entered`: topic, seq, raw, proc_ms, k, ts_ms and
+     * each rule's `q` and `x` columns; k and ts_ms not null) at which a rule of `specJson`
+     * fires or cannot be evaluated: {"rules": [{"q", "x", "aggregation_type",
+     * "window_ms", "threshold", "all_events"}]}, a rule's index in that list its `_i`.
      */
     public static Dataset<Row> fired(Dataset<Row> entered, String specJson) {
-        Dataset<Row> sorted = entered.repartition(entered.col("g"), entered.col("k"))
-                .sortWithinPartitions("g", "k", "ts_ms", "seq");
+        Dataset<Row> sorted = entered.repartition(entered.col("k")).sortWithinPartitions("k", "ts_ms", "seq");
         return sorted.mapPartitions(new Pass(specJson, sorted.schema()), Encoders.row(OUTPUT_SCHEMA));
     }
 
     private static final ObjectMapper JSON = new ObjectMapper();
 
-    private static JsonNode groups(String specJson) {
+    private static JsonNode rules(String specJson) {
         try {
-            return JSON.readTree(specJson).get("groups");
+            return JSON.readTree(specJson).get("rules");
         } catch (IOException e) {
             throw new UncheckedIOException(e);
         }
@@ -91,12 +78,10 @@ public final class BatchVelocity {
         private final int seq;
         private final int raw;
         private final int proc;
-        private final int group;
         private final int ts;
         private final int key;
-        private final int q;
-        private final int xn;
-        private final int xj;
+        private final int[] q;
+        private final int[] x;
 
         Pass(String spec, StructType schema) {
             this.spec = spec;
@@ -104,27 +89,28 @@ public final class BatchVelocity {
             seq = schema.fieldIndex("seq");
             raw = schema.fieldIndex("raw");
             proc = schema.fieldIndex("proc_ms");
-            group = schema.fieldIndex("g");
             ts = schema.fieldIndex("ts_ms");
             key = schema.fieldIndex("k");
-            q = schema.fieldIndex("q");
-            xn = schema.fieldIndex("xn");
-            xj = schema.fieldIndex("xj");
+            JsonNode rules = rules(spec);
+            q = new int[rules.size()];
+            x = new int[rules.size()];
+            for (int i = 0; i < q.length; i++) {
+                q[i] = schema.fieldIndex(rules.get(i).get("q").asText());
+                x[i] = schema.fieldIndex(rules.get(i).get("x").asText());
+            }
         }
 
         @Override
         public Iterator<Row> call(Iterator<Row> in) {
-            JsonNode spec = groups(this.spec);
-            Group[] groups = new Group[spec.size()];
-            int first = 0;
-            for (int g = 0; g < groups.length; g++) {
-                groups[g] = new Group(spec.get(g), first);
-                first += groups[g].slides.length;
+            JsonNode rules = rules(spec);
+            Slide[] slides = new Slide[q.length];
+            for (int i = 0; i < slides.length; i++) {
+                slides[i] = new Slide(rules.get(i));
             }
             return new Iterator<>() {
                 private final ArrayDeque<Row> out = new ArrayDeque<>();
-                private int currentGroup = -1;
-                private Object currentKey;
+                private Object current;
+                private boolean started;
 
                 @Override
                 public boolean hasNext() {
@@ -143,76 +129,36 @@ public final class BatchVelocity {
                 }
 
                 private void take(Row row) {
-                    int g = row.getInt(group);
                     Object k = row.get(key);
-                    Group grp = groups[g];
-                    if (g != currentGroup || !Objects.equals(k, currentKey)) {
-                        for (Slide s : grp.slides) {
+                    if (!started || !Objects.equals(k, current)) {
+                        for (Slide s : slides) {
                             s.reset();
                         }
-                        currentGroup = g;
-                        currentKey = k;
-                    }
-                    List<Boolean> entries = row.getList(q);
-                    if (row.isNullAt(ts)) {
-                        // Relevant to the rule, but it cannot be placed in time: a dead
-                        // letter, and no window changes.
-                        for (int i = 0; i < grp.slides.length; i++) {
-                            if (Boolean.TRUE.equals(entries.get(grp.q[i]))) {
-                                out.add(RowFactory.create(row.get(topic), row.get(seq), row.get(raw), row.get(proc),
-                                        null, grp.first + i, null, grp.untimed));
-                            }
-                        }
-                        return;
+                        current = k;
+                        started = true;
                     }
                     long t = row.getLong(ts);
-                    List<Double> nums = row.getList(xn);
-                    List<String> texts = row.getList(xj);
-                    for (int i = 0; i < grp.slides.length; i++) {
-                        if (!Boolean.TRUE.equals(entries.get(grp.q[i]))) {
+                    for (int i = 0; i < slides.length; i++) {
+                        if (row.isNullAt(q[i]) || !row.getBoolean(q[i])) {
                             continue;
                         }
-                        Slide s = grp.slides[i];
-                        Double value = s.num != null ? nums.get(grp.x[i]) : null;
-                        double num = value != null ? value : Double.NaN;
-                        String jv = s.jv != null ? texts.get(grp.x[i]) : null;
+                        Slide s = slides[i];
+                        double num = s.num != null && !row.isNullAt(x[i]) ? row.getDouble(x[i]) : Double.NaN;
+                        String jv = s.jv != null ? row.getString(x[i]) : null;
                         try {
                             if (s.step(t, num, jv)) {
                                 out.add(RowFactory.create(row.get(topic), row.get(seq), row.get(raw), row.get(proc), t,
-                                        grp.first + i, s.agg, null));
+                                        i, s.agg, null));
                             }
                         } catch (EvaluationError e) {
                             // The live job dead-letters what it cannot evaluate (an exact sum
                             // beyond the double range), and keeps the window without it.
-                            out.add(RowFactory.create(row.get(topic), row.get(seq), row.get(raw), row.get(proc), t,
-                                    grp.first + i, null, EvaluationError.reason(e)));
+                            out.add(RowFactory.create(row.get(topic), row.get(seq), row.get(raw), row.get(proc), t, i,
+                                    null, EvaluationError.reason(e)));
                         }
                     }
                 }
             };
-        }
-    }
-
-    /** One group's rules: where each reads its entry test and value, and its window. */
-    static final class Group {
-        final int first;
-        final String untimed;
-        final int[] q;
-        final int[] x;
-        final Slide[] slides;
-
-        Group(JsonNode spec, int first) {
-            this.first = first;
-            untimed = spec.get("untimed").asText();
-            JsonNode rules = spec.get("rules");
-            q = new int[rules.size()];
-            x = new int[rules.size()];
-            slides = new Slide[rules.size()];
-            for (int i = 0; i < slides.length; i++) {
-                q[i] = rules.get(i).get("q").asInt();
-                x[i] = rules.get(i).get("x").asInt();
-                slides[i] = new Slide(rules.get(i));
-            }
         }
     }
 
