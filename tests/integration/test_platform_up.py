@@ -131,10 +131,13 @@ class Platform:
                 return exc.code, {"detail": raw.decode(errors="replace")}
 
     def wait_for_api(self, timeout: float = 300) -> None:
+        """Until the API answers and lists every DAG: the api-server may answer before the
+        dag-processor has parsed the DAGs, and their runs are a 404 until then."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
-                if self.api("GET", "/dags?limit=20")[0] == 200:
+                status, body = self.api("GET", "/dags?limit=20")
+                if status == 200 and set(DAGS) <= {d["dag_id"] for d in body.get("dags", [])}:
                     return
             except (OSError, urllib.error.URLError, KeyError, ValueError):
                 pass
