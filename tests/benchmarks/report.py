@@ -62,6 +62,13 @@ BENCHES = {
         [("imports_s", "imports s"), ("spark_startup_s", "Spark start-up s"), ("backtest_cold_s", "first backtest s"),
          ("backtest_warm_s", "warm backtests s"), ("archive_backtest_s", "from the archive s"),
          ("total_cold_s", "cold total s")]),
+    "backtest_topics": Bench(
+        "bench_backtest_topics.py",
+        "A cold `rulectl backtest` over many small topics: N copies of the demo's rules, each on two topics "
+        "of its own with 40 demo records a topic; how the run grows with the number of topics.",
+        f"{PY}bench_backtest_topics.py --sets 1 6 24",
+        [("sets", "rule sets"), ("topics", "topics"), ("rules", "rules"), ("events", "events")],
+        [("backtest_s", "backtest s"), ("process_wall_s", "process s"), ("detections", "detections")]),
     "detect": Bench(
         "bench_detect.py",
         "Live throughput and latency: an embedded broker and `rulectl detect`, events produced at a target "
