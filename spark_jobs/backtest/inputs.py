@@ -77,8 +77,13 @@ def read_inputs(spark: SparkSession, specs: list[InputSpec]) -> DataFrame:
     (partitions are merged, never split or reordered), so arrival order is unchanged."""
     raw = union_all([read_input(spark, s, i) for i, s in enumerate(specs)])
     size = sum(f.stat().st_size for s in specs for f in _files(Path(s.path)))
-    floor = int(spark.conf.get("spark.sql.shuffle.partitions", "2") or 2)
-    return raw.coalesce(max(floor, -(-size // _PARTITION_BYTES)))
+    return raw.coalesce(max(shuffle_partitions(spark), -(-size // _PARTITION_BYTES)))
+
+
+def shuffle_partitions(spark: SparkSession) -> int:
+    """The session's shuffle partitions: how many tasks it runs a stage in, the width the
+    backtest keeps its inputs and its output lines at."""
+    return int(spark.conf.get("spark.sql.shuffle.partitions", "2") or 2)
 
 
 def _files(p: Path) -> list[Path]:

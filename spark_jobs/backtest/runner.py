@@ -16,7 +16,7 @@ from pyspark import InheritableThread
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from spark_jobs.backtest.inputs import InputSpec, read_inputs
+from spark_jobs.backtest.inputs import InputSpec, read_inputs, shuffle_partitions
 from spark_jobs.backtest.kept import LEVEL as KEEP_LEVEL
 from spark_jobs.backtest.kept import kept
 from spark_jobs.engine.events import classify, split, with_reasons
@@ -176,7 +176,7 @@ def _write_and_count(parsed: DataFrame, lines: DataFrame, result: EngineResult, 
     # a rule set over many topics), and each partition's task deserializes the whole
     # union's plan before it reads a row: coalesced (partitions merged, no shuffle) to as
     # many as the session runs at once, the plan is deserialized that many times.
-    lines = lines.coalesce(_parallelism(spark)).persist(KEEP_LEVEL)
+    lines = lines.coalesce(max(2, shuffle_partitions(spark))).persist(KEEP_LEVEL)
     no_key = [F.lit(None).cast(t).alias(c) for c, t in (("k_time", "long"), ("rule_id", "string"),
                                                         ("k_seq", "long"), ("k_id", "string"))]
     counts = _counts(parsed, lines.coalesce(2), result).select(
@@ -206,10 +206,6 @@ def _write_and_count(parsed: DataFrame, lines: DataFrame, result: EngineResult, 
     shutil.rmtree(tmp, ignore_errors=True)
     lines.unpersist()
     return {(r["what"], r.get("name") or ""): r for r in rows}
-
-
-def _parallelism(spark: SparkSession) -> int:
-    return max(2, int(spark.conf.get("spark.sql.shuffle.partitions", "2") or 2))
 
 
 def _iso(ms: int | None) -> str | None:
