@@ -4,6 +4,7 @@ checkpoint. Built on DetectJob's process handling (tests/detect_harness.py)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -67,12 +68,30 @@ def produce_keyed(bootstrap: str, topic: str, records: list[tuple[str, str]], pa
     assert p.flush(30) == 0 and not errors, errors
 
 
+def logged_rows(table: Path) -> int | None:
+    """Rows of the Delta table's live files, from the numRecords its log writes with each
+    file (Python, no Spark job: what a poll needs; the answer is confirmed by Spark).
+    None when a file came without statistics."""
+    live: dict[str, int | None] = {}
+    log = table / "_delta_log"
+    for commit in sorted(log.glob("*.json")) if log.is_dir() else []:
+        for line in commit.read_text().splitlines():
+            action = json.loads(line)
+            if "add" in action:
+                live[action["add"]["path"]] = json.loads(action["add"].get("stats") or "{}").get("numRecords")
+            elif "remove" in action:
+                live.pop(action["remove"]["path"], None)
+    return None if None in live.values() else sum(live.values())  # type: ignore[arg-type]
+
+
 def wait_rows(spark, table: Path, pred, timeout: float = 120):
-    """Poll the Delta table until `pred(count)`; (count, seconds waited)."""
+    """Poll the Delta table until `pred(count)`; (count, seconds waited). The poll reads
+    the log (logged_rows); Spark's count of the table has the last word."""
     started = time.time()
     n = -1
     while time.time() - started < timeout:
-        if (table / "_delta_log").is_dir():
+        logged = logged_rows(table)
+        if logged is None or pred(logged):
             try:
                 n = spark.read.format("delta").load(str(table)).count()
             except AnalysisException:
@@ -81,5 +100,5 @@ def wait_rows(spark, table: Path, pred, timeout: float = 120):
                 n = -1
             if pred(n):
                 return n, time.time() - started
-        time.sleep(1)
+        time.sleep(0.5)
     raise TimeoutError(f"archive table has {n} rows; condition not met in {timeout}s")

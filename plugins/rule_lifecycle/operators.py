@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import sys
@@ -95,11 +96,12 @@ class RuleBacktestOperator(SparkSubmitOperator):
     ui_color = "#fdf2e0"
 
     def __init__(self, *, backtest: Any, inputs: Any, settings: Any, **kwargs: Any) -> None:
-        from spark_jobs.backtest import submit
-
+        # The application's path, found without importing it: the operator is built at
+        # every parse of the DAG file, and the module imports PySpark and pandas (~0.8 s).
+        application = importlib.util.find_spec("spark_jobs.backtest.submit").origin
         kwargs.setdefault("name", "rule-backtest")
         kwargs.setdefault("status_poll_interval", 2)
-        super().__init__(application=submit.__file__, **kwargs)
+        super().__init__(application=application, **kwargs)
         self.backtest = backtest
         self.inputs = inputs
         self.settings = settings

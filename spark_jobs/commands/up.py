@@ -461,7 +461,11 @@ def airflow_specs(
                 env=env,
                 cwd=paths.airflow_home,
                 log_path=paths.logs / f"airflow-{component}.log",
-                stop_timeout=60.0,
+                # The scheduler's LocalExecutor waits for its running tasks on the first
+                # SIGTERM ("signal again if you don't want to wait"): a sensor poking or a
+                # backtest held each Ctrl-C for the whole minute. The second signal comes
+                # after 10 s; a task cut short is retried at the next start.
+                stop_timeout=10.0 if component == "scheduler" else 60.0,
                 ready=(lambda: _http_ok(f"{url}/api/v2/monitor/health")) if api else None,
                 ready_message=f"Airflow UI ready: {url}" if api else None,
                 on_ready=on_ready if api else None,

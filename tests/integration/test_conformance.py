@@ -4,7 +4,9 @@ classic Spark session, the backtest on a Spark Connect server (`rulectl connect`
 the live detection job reading a real Kafka broker.
 
 All vectors run in one backtest per path and one live job (each vector on its own
-topics and rule ids); tests/conformance/vectors.py checks the output. The live job's
+topics and rule ids); tests/conformance/vectors.py checks the output. One Connect server
+serves the module's remote backtests (the vectors', and the demo's over files and over
+the event archive, held equal to a local session's). The live job's
 watermark is the newest event time over all vectors, so vectors that run live keep their
 times within their rules' watermark_delay of each other."""
 
@@ -14,14 +16,17 @@ import copy
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import psutil
 import pytest
 from conformance.vectors import check, format_problems, load_vectors
 from detect_harness import DetectJob, wait_port
 
 from spark_jobs.backtest.inputs import InputSpec
-from spark_jobs.backtest.runner import BacktestConfig, run_backtest
+from spark_jobs.backtest.runner import BacktestConfig, HistoryWindow, run_backtest
 from spark_jobs.kafka.admin import TopicSpec, create_topics, read_all
 from spark_jobs.kafka.broker import EmbeddedBroker, free_port
 from spark_jobs.kafka.publisher import publish_rules
@@ -29,7 +34,11 @@ from spark_jobs.rules.model import parse_rule
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
+ROOT = Path(__file__).resolve().parents[2]
+DEMO = ROOT / "tests" / "data" / "demo"
 VECTORS = load_vectors()
+
+
 def _write_inputs(directory: Path, engine: str) -> tuple[Path, list[InputSpec]]:
     rules_dir = directory / "rules"
     rules_dir.mkdir(parents=True)
@@ -104,25 +113,66 @@ def test_an_altered_expectation_fails(classic_output):
     assert altered >= 20
 
 
-def test_backtest_on_a_spark_connect_server(tmp_path):
-    """`rulectl backtest --remote` on `rulectl connect`'s server, as a user runs it."""
-    rules_dir, specs = _write_inputs(tmp_path, "backtest")
+@pytest.fixture(scope="module")
+def connect_server(tmp_path_factory) -> Iterator[str]:  # noqa: ANN001
+    """`rulectl connect`, as a user starts it: one server for this module's backtests."""
     port = free_port()
+    log = tmp_path_factory.mktemp("connect") / "connect.log"
     server = subprocess.Popen([sys.executable, "-m", "spark_jobs.cli", "connect", "--port", str(port)],
-                              stdout=(tmp_path / "connect.log").open("wb"), stderr=subprocess.STDOUT)
+                              stdout=log.open("wb"), stderr=subprocess.STDOUT)
     try:
         wait_port(port, server, "rulectl connect")
-        inputs = [a for s in specs for a in ("--input", f"{s.topic}={s.path}")]
-        done = subprocess.run([sys.executable, "-m", "spark_jobs.cli", "backtest", "--remote", f"sc://127.0.0.1:{port}",
-                               "--rules", str(rules_dir), *inputs, "--time-field", "ts", "--out", str(tmp_path / "out")],
-                              capture_output=True, text=True, timeout=900)
-        errors = [ln for ln in done.stderr.splitlines() if "\tat " not in ln]
-        assert done.returncode == 0, "\n".join(errors)[-3000:]
+        # The server is a batch JVM: the platform's options are on its command line.
+        jvm = [c.cmdline() for c in psutil.Process(server.pid).children(recursive=True)
+               if c.name() == "java" and any(a.endswith(".SparkConnectServer") for a in c.cmdline())]
+        assert len(jvm) == 1 and {"-XX:-DontCompileHugeMethods", "-XX:+UseParallelGC"} <= set(jvm[0])
+        yield f"sc://127.0.0.1:{port}"
     finally:
         server.terminate()
         server.wait(60)
+
+
+def _remote_backtest(remote: str, rules: Path, args: list[str], out: Path) -> None:
+    """`rulectl backtest --remote`, as a user runs it."""
+    done = subprocess.run([sys.executable, "-m", "spark_jobs.cli", "backtest", "--remote", remote,
+                           "--rules", str(rules), *args, "--out", str(out)],
+                          capture_output=True, text=True, timeout=900)
+    errors = [ln for ln in done.stderr.splitlines() if "\tat " not in ln]
+    assert done.returncode == 0, "\n".join(errors)[-3000:]
+
+
+def test_backtest_on_a_spark_connect_server(connect_server, tmp_path):
+    rules_dir, specs = _write_inputs(tmp_path, "backtest")
+    inputs = [a for s in specs for a in ("--input", f"{s.topic}={s.path}")]
+    _remote_backtest(connect_server, rules_dir, [*inputs, "--time-field", "ts"], tmp_path / "out")
     problems = check(VECTORS, "backtest", *_backtest_output(tmp_path / "out"))
     assert not problems, format_problems(problems)
+
+
+def _ids(out: Path) -> list[str]:
+    return sorted(json.loads(x)["detection_id"] for x in (out / "detections.jsonl").read_text().splitlines())
+
+
+def test_connect_backtest_of_files_and_of_the_archive_equals_a_local_one(spark, connect_server, tmp_path):
+    """The demo's rules over its recording, as files and as the event archive (Delta):
+    the server gives the detection ids a local session gives."""
+    from test_archive_quality import write_archive
+
+    events = {t: DEMO / f"{t}.jsonl" for t in ("events.raw", "context.raw")}
+    run_backtest(spark, BacktestConfig(ROOT / "rules", [InputSpec(t, str(p)) for t, p in events.items()],
+                                       tmp_path / "local"))
+    table = tmp_path / "archive"
+    write_archive(spark, table, {t: p.read_text().splitlines() for t, p in events.items()})
+    now = datetime.now(UTC)
+    run_backtest(spark, BacktestConfig(ROOT / "rules", [], tmp_path / "local_archive",
+                                       history=HistoryWindow(str(table), now - timedelta(hours=1),
+                                                             now + timedelta(minutes=1))))
+    inputs = [a for t, p in events.items() for a in ("--input", f"{t}={p}")]
+    _remote_backtest(connect_server, ROOT / "rules", inputs, tmp_path / "files")
+    _remote_backtest(connect_server, ROOT / "rules", ["--history", str(table), "--from", "-1h"], tmp_path / "archive_out")
+    assert _ids(tmp_path / "files") == _ids(tmp_path / "local")
+    assert _ids(tmp_path / "archive_out") == _ids(tmp_path / "local_archive")
+    assert _ids(tmp_path / "local")
 
 
 @pytest.mark.kafka

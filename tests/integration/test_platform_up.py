@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -293,10 +294,19 @@ def test_the_banners_watch_command_works_as_printed(platform: Platform, tmp_path
     env["PATH"] = "/usr/bin:/bin"  # no virtualenv on PATH, as in a fresh terminal
     proc = subprocess.Popen(["bash", "-c", command], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=90)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGINT)
-        out, err = proc.communicate(timeout=30)
-    detections = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
-    assert detections and all("rule_id" in d for d in detections), (command, out[-2000:], err[-2000:])
+    # The demo makes detections every few seconds: the first one shows the command works,
+    # then Ctrl-C, as the user would (a tail never ends by itself).
+    lines: list[str] = []
+    deadline = time.monotonic() + 90
+    assert proc.stdout is not None
+    while time.monotonic() < deadline and not any(x.startswith("{") for x in lines):
+        ready, _, _ = select.select([proc.stdout], [], [], 1.0)
+        if ready:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    detections = [json.loads(x) for x in [*lines, *out.splitlines()] if x.startswith("{")]
+    assert detections and all("rule_id" in d for d in detections), (command, "".join(lines)[-2000:], err[-2000:])
