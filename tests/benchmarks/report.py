@@ -123,6 +123,15 @@ BENCHES = {
         ".venv/bin/python tests/benchmarks/bench_release.py --workdir /tmp/bench/var --airflow-port 18080",
         [("label", "what")],
         [("commit_to_detection_s", "commit → sensor s"), ("commit_to_approval_s", "commit → approval request s")]),
+    "suite_cpu": Bench(
+        "bench_suite_cpu.py",
+        "Where a test run's CPU goes: `make test` (or another command) with every process on the machine "
+        "sampled every 2 s, CPU seconds summed by component (Spark JVMs by who started them, brokers, "
+        "Airflow, pytest); busy is CPU seconds over wall seconds times cores.",
+        ".venv/bin/python tests/benchmarks/bench_suite_cpu.py",
+        [("tested", "command")],
+        [("exit_code", "exit"), ("wall_s", "wall s"), ("cpu_s", "CPU s"), ("busy", "busy"),
+         ("largest", "largest parts, CPU s")]),
     "real_time_mode": Bench(
         "bench_real_time_mode.py",
         "Which of the live job's operator kinds Spark's real-time mode accepts on the pinned Spark, and when "

@@ -42,8 +42,13 @@ while True:
 
 
 def dummy(tmp_path: Path, name: str, log: Path, *, code: int = 0, **kw) -> ChildSpec:
+    # Written once: rewriting it for a second child could truncate the file while the
+    # first child's interpreter reads it (it then runs nothing and never says "started").
     script = tmp_path / "dummy.py"
-    script.write_text(DUMMY)
+    if not script.exists():
+        tmp = tmp_path / ".dummy.py.tmp"
+        tmp.write_text(DUMMY)
+        tmp.replace(script)
     return ChildSpec(name=name, argv=[sys.executable, str(script), name, str(log), str(code)], **kw)
 
 
