@@ -8,8 +8,8 @@ setup:
 up: setup
 	.venv/bin/rulectl up $(ARGS)
 
-# Two pytest-xdist workers, a test file each at a time: most of the suite waits on
-# brokers, Spark queries and Airflow, so two files overlap on the 2-core machine.
+# Two pytest-xdist workers, a test file each at a time, one per core: the suite keeps
+# both cores busy (tests/benchmarks/bench_suite_cpu.py), so more workers would only wait.
 test:
 	bash .ci/setup test
 	.venv/bin/python -m pytest -n 2 --dist loadfile $(ARGS)
