@@ -11,18 +11,18 @@ spark_jobs.archive.maintenance. Schedule: RULE_ARCHIVE_MAINTENANCE_SCHEDULE (def
 from __future__ import annotations
 
 import logging
-import os
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 from airflow.sdk import DAG, task
+from rule_lifecycle.defaults import periodic
 
 log = logging.getLogger(__name__)
 
 with DAG(
     dag_id="archive_maintenance",
     description="Event archive: delete partitions past retention, OPTIMIZE, VACUUM",
-    schedule=os.environ.get("RULE_ARCHIVE_MAINTENANCE_SCHEDULE", "@daily"),
-    start_date=datetime(2026, 1, 1),
+    # First run at the next scheduled time (rule_lifecycle.defaults.periodic).
+    schedule=periodic("RULE_ARCHIVE_MAINTENANCE_SCHEDULE", "@daily"),
     catchup=False,
     max_active_runs=1,
     tags=["rules", "archive"],

@@ -9,12 +9,10 @@ Schedule: RULE_BACKTEST_REPORT_SCHEDULE (default @daily). Logic: spark_jobs.life
 from __future__ import annotations
 
 import logging
-import os
-from datetime import datetime
 
 from airflow.sdk import DAG, Param, get_current_context, task
 from airflow.task.trigger_rule import TriggerRule
-from rule_lifecycle.defaults import TASK_DEFAULTS
+from rule_lifecycle.defaults import TASK_DEFAULTS, periodic
 from rule_lifecycle.hooks import RulesTopicHook
 from rule_lifecycle.operators import RuleBacktestOperator
 
@@ -28,8 +26,8 @@ log = logging.getLogger(__name__)
 with DAG(
     dag_id="backtest_report",
     description="Daily backtest report of the published rules",
-    schedule=os.environ.get("RULE_BACKTEST_REPORT_SCHEDULE", "@daily"),
-    start_date=datetime(2026, 1, 1),
+    # First run at the next scheduled time (rule_lifecycle.defaults.periodic).
+    schedule=periodic("RULE_BACKTEST_REPORT_SCHEDULE", "@daily"),
     catchup=False,
     max_active_runs=1,
     tags=["rules", "report"],

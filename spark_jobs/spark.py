@@ -45,12 +45,17 @@ _CHOSEN_GC = re.compile(r"-XX:\+Use\w*GC\b")
 def jvm_options(conf: dict[str, str], streaming: bool = False) -> dict[str, str]:
     """`conf` with the platform's JVM options for the driver and executors in front of
     any it already gives (a later `-XX` flag wins); a collector chosen there is kept, as
-    HotSpot refuses to start with two."""
+    HotSpot refuses to start with two. The class archive of Spark's jars, where set-up
+    wrote one (spark_jobs/jvm/class_archive.py), comes first."""
+    from spark_jobs.jvm.class_archive import jvm_flags
+
     out = dict(conf)
+    cds = " ".join(jvm_flags("spark"))
     for side in ("driver", "executor"):
         key = f"spark.{side}.extraJavaOptions"
         given = out.get(key, "")
         ours = JVM_OPTIONS if streaming or _CHOSEN_GC.search(given) else f"{JVM_OPTIONS} {BATCH_GC}"
+        ours = f"{cds} {ours}".strip()
         out[key] = f"{ours} {given}".strip()
     return out
 

@@ -9,6 +9,21 @@ rules, a crash-looping job, params outside the allow-list).
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 
+from airflow.timetables.trigger import CronTriggerTimetable
+
 TASK_DEFAULTS: dict[str, object] = {"retries": 1, "retry_delay": timedelta(seconds=30)}
+
+
+def periodic(env_var: str, default: str) -> CronTriggerTimetable:
+    """The cron schedule in `env_var` (else `default`), UTC, whose first run is its next
+    scheduled time, not the one that has just passed.
+
+    For the daily jobs (archive maintenance, the backtest report): with a `start_date`
+    and `catchup=False`, Airflow runs the latest past time at once, so the first start
+    of a platform ran both over an archive that did not exist yet, beside the first
+    release and its backtests. A user who wants a run now triggers one.
+    """
+    return CronTriggerTimetable(os.environ.get(env_var, default), timezone="UTC", run_immediately=False)

@@ -282,10 +282,11 @@ class EmbeddedBroker:
 
     def _java(self, main: str, *args: str, heap: str = "256m") -> list[str]:
         from spark_jobs.jvm import broker_classpath
+        from spark_jobs.jvm.class_archive import jvm_flags
 
         return [
             java_binary(), f"-Xmx{os.environ.get(HEAP_ENV, heap)}", "-Xms64m", "-XX:+UseG1GC",
-            "-Djava.awt.headless=true",
+            "-Djava.awt.headless=true", *jvm_flags("broker"),
             f"-Dlog4j2.configurationFile={self.data_dir / 'log4j2.properties'}",
             "-cp", broker_classpath(), main, *args,
         ]

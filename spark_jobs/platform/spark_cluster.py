@@ -144,6 +144,10 @@ class LocalSparkCluster:
         # this one (in docker, the image's).
         env.setdefault("PYSPARK_PYTHON", sys.executable)
         env.setdefault("SPARK_NO_DAEMONIZE", "1")
+        # The master's and workers' JVMs map the class archive of Spark's jars too.
+        from spark_jobs.jvm.class_archive import jvm_flags
+
+        env["SPARK_DAEMON_JAVA_OPTS"] = " ".join([*jvm_flags("spark"), env.get("SPARK_DAEMON_JAVA_OPTS", "")]).strip()
         return env
 
     def _spawn(self, proc: _Proc) -> None:

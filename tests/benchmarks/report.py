@@ -132,6 +132,17 @@ BENCHES = {
         [("tested", "command")],
         [("exit_code", "exit"), ("wall_s", "wall s"), ("cpu_s", "CPU s"), ("busy", "busy"),
          ("largest", "largest parts, CPU s")]),
+    "jvm_start": Bench(
+        "bench_jvm_start.py",
+        "A platform JVM's start with and without its class-data sharing archive (spark_jobs/jvm/class_archive.py, "
+        "written by set-up): a Spark session up to its first small query, a Kafka broker up to serving; medians "
+        "of alternating runs, wall seconds and the JVM's own CPU seconds.",
+        f"{PY}bench_jvm_start.py",
+        [("runs", "runs")],
+        [("spark_archive_wall_s", "Spark wall s"), ("spark_none_wall_s", "without"),
+         ("spark_archive_cpu_s", "Spark CPU s"), ("spark_none_cpu_s", "without"),
+         ("broker_archive_wall_s", "broker wall s"), ("broker_none_wall_s", "without"),
+         ("broker_archive_cpu_s", "broker CPU s"), ("broker_none_cpu_s", "without")]),
     "real_time_mode": Bench(
         "bench_real_time_mode.py",
         "Which of the live job's operator kinds Spark's real-time mode accepts on the pinned Spark, and when "

@@ -275,7 +275,7 @@ def test_a_restart_publishes_nothing_that_waits_for_approval(platform: Platform)
     while time.monotonic() - restarted < 300:
         after = [r for r in _finished(platform.runs("detection_supervisor"))
                  if datetime.fromisoformat(r["run_after"]) > datetime.fromisoformat(status["updated_at"])]
-        if len(after) >= 2:
+        if after:  # the first run after the restart is the one that met a starting platform
             break
         time.sleep(10)
     failed = {dag: [r["dag_run_id"] for r in platform.runs(dag) if r["state"] == "failed"] for dag in DAGS}

@@ -10,6 +10,12 @@ from spark_jobs.spark import connect_server_argv, jvm_options
 SIDES = ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions")
 
 
+@pytest.fixture(autouse=True)
+def _no_class_archive(monkeypatch):
+    """The options below are those of a machine without a class archive (see the last test)."""
+    monkeypatch.setenv("RULES_CDS", "off")
+
+
 def test_a_batch_jvm_gets_the_huge_method_option_and_the_parallel_collector():
     conf = jvm_options({"spark.app.name": "x"})
     assert conf["spark.app.name"] == "x"
@@ -42,3 +48,23 @@ def test_the_connect_server_that_runs_backtests_is_a_batch_jvm():
     confs = dict(argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == "--conf")
     assert confs["spark.driver.extraJavaOptions"].split() == [
         "-XX:-DontCompileHugeMethods", "-XX:+UseParallelGC", "-Dy=2"]
+
+
+def test_the_class_archive_comes_first_where_set_up_wrote_one(monkeypatch, tmp_path):
+    monkeypatch.delenv("RULES_CDS")
+    monkeypatch.setenv("RULES_JARS_DIR", str(tmp_path))
+    from spark_jobs.jvm.class_archive import archive_path
+
+    path = archive_path("spark")
+    assert path is not None and path.parent == tmp_path / "cds"
+    assert jvm_options({})[SIDES[0]].split()[0] != f"-XX:SharedArchiveFile={path}"  # none written yet
+    path.parent.mkdir()
+    path.write_bytes(b"")
+    for conf in (jvm_options({}), jvm_options({}, streaming=True)):
+        for key in SIDES:
+            assert conf[key].split()[0] == f"-XX:SharedArchiveFile={path}"
+    monkeypatch.setenv("RULES_CDS", "off")
+    assert "SharedArchiveFile" not in jvm_options({})[SIDES[0]]
+    monkeypatch.setenv("RULES_CDS_DUMP", f"spark:{tmp_path / 'new.jsa'}")
+    monkeypatch.delenv("RULES_CDS")
+    assert jvm_options({})[SIDES[0]].split()[0] == f"-XX:ArchiveClassesAtExit={tmp_path / 'new.jsa'}"
