@@ -52,11 +52,15 @@ import signal
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+from typing import TypeVar
+
+from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
 
 from spark_jobs.commands.signals import install_handlers
 from spark_jobs.commands.signals import restore_handlers as _restore_handlers
@@ -65,6 +69,7 @@ from spark_jobs.platform.launcher import BrokerComponent, ChildProcess, ChildSpe
 from spark_jobs.spark import DEFAULT_CONNECT_PORT
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
+T = TypeVar("T")
 DETECT_RESTART = RestartPolicy(max_restarts=5, window_s=600.0, backoff_s=2.0, max_backoff_s=30.0)
 
 
@@ -510,20 +515,21 @@ def unpause_platform_dags(
     """
     if marker.exists():
         return
-    token = _api_token(url, user, password)
+    api = _patient(_api)
+    token = _patient(_api_token)(url, user, password)
     expected = {f.name for f in dags_folder.glob("*.py") if not f.name.startswith("_")}
     seen_files: set[str] = set()
     unpaused: list[str] = []
     deadline = time.monotonic() + deadline_s
     while time.monotonic() < deadline:
-        dags = _api(url, token, "GET", "/api/v2/dags?limit=500").get("dags", [])
+        dags = api(url, token, "GET", "/api/v2/dags?limit=500").get("dags", [])
         for dag in dags:
             fileloc = Path(dag.get("fileloc") or "")
             if fileloc.parent != dags_folder:
                 continue
             seen_files.add(fileloc.name)
             if dag.get("is_paused") and dag["dag_id"] not in unpaused:
-                _api(url, token, "PATCH", f"/api/v2/dags/{dag['dag_id']}", {"is_paused": False})
+                api(url, token, "PATCH", f"/api/v2/dags/{dag['dag_id']}", {"is_paused": False})
                 unpaused.append(dag["dag_id"])
         if expected <= seen_files:
             break
@@ -534,6 +540,21 @@ def unpause_platform_dags(
     missing = sorted(expected - seen_files)
     if missing:
         say(f"Airflow: no DAG parsed yet from {', '.join(missing)} (import errors? see the UI)")
+
+
+def _server_trouble(exc: BaseException) -> bool:
+    """An answer worth asking again: a 5xx (on a first start the API server's writes
+    can time out on a metadata DB that the scheduler and the DAG processor are busy
+    writing: SQLite's lock, by default) or no connection."""
+    if isinstance(exc, urllib.error.HTTPError):
+        return exc.code >= 500
+    return isinstance(exc, urllib.error.URLError | ConnectionError | TimeoutError)
+
+
+def _patient(call: Callable[..., T]) -> Callable[..., T]:
+    """`call` asked again for up to two minutes while the server is in trouble."""
+    return Retrying(retry=retry_if_exception(_server_trouble), stop=stop_after_delay(120),
+                    wait=wait_exponential(multiplier=0.5, max=10), reraise=True).wraps(call)
 
 
 def _api_token(url: str, user: str, password: str) -> str:
