@@ -88,6 +88,19 @@ DELTA_CONF = {
 STATIC_CONF = {"spark.sql.codegen.cache.maxEntries": "1000"}
 
 
+# The streaming jobs' checkpoints are local folders. Spark writes them through Hadoop's
+# FileContext by default, whose local file system, without Hadoop's native library (pip's
+# pyspark has none), starts a process for each permission it sets (`chmod`) and each
+# link it checks (`readlink`, several per file renamed into place): dozens of processes
+# per micro-batch, each a fork of the driver's JVM. Hadoop's FileSystem API renames
+# without link checks (local renames are atomic), which leaves one `chmod` per file. Not
+# for checkpoints on HDFS or an object store, where FileContext's rename is the safe one.
+LOCAL_CHECKPOINT_CONF = {
+    "spark.sql.streaming.checkpointFileManagerClass":
+        "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager",
+}
+
+
 REMOTE_ENV = "SPARK_REMOTE"
 DEFAULT_CONNECT_PORT = 15002
 

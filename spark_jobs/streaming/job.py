@@ -624,7 +624,7 @@ def run(cfg: DetectConfig, stop: threading.Event | None = None) -> int:
     records quarantined to the dead-letter topic (quarantine.py); exit 1 only when a
     failure is not a batch's or survives the quarantine.
     """
-    from spark_jobs.spark import session
+    from spark_jobs.spark import LOCAL_CHECKPOINT_CONF, session
 
     stop = stop or threading.Event()
     if threading.current_thread() is threading.main_thread():
@@ -640,6 +640,11 @@ def run(cfg: DetectConfig, stop: threading.Event | None = None) -> int:
     delay = job_watermark_delay_s(list(registry.current().rules.values()))
     spark = session("detection-job", master=cfg.master, streaming=True, extra={
         "spark.sql.streaming.stateStore.providerClass": STATE_STORE,
+        # Each micro-batch writes a changelog of the keys it changed per state partition;
+        # a full RocksDB snapshot (checkpoint, zip, upload) is made in the background every
+        # few batches instead of at every batch, on the batch's path.
+        "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+        **LOCAL_CHECKPOINT_CONF,
         "spark.sql.streaming.noDataMicroBatches.enabled": "true",
         # The compiled rule set makes wide projections (a column per path form, per rule
         # and per shared condition): fused into one whole-stage method they outgrow the

@@ -132,6 +132,19 @@ BENCHES = {
         [("tested", "command")],
         [("exit_code", "exit"), ("wall_s", "wall s"), ("cpu_s", "CPU s"), ("busy", "busy"),
          ("largest", "largest parts, CPU s")]),
+    "idle_job": Bench(
+        "bench_idle_job.py",
+        "A detection job at the demo's trickle of events, its checkpoint written through Hadoop's FileSystem API "
+        "(the job's setting) and through Spark's default FileContext manager, which starts a `chmod` or "
+        "`readlink` process for most checkpoint files it writes: the machine's busy cores, processes started per "
+        "second, the job JVM's cores, the last batch's duration and WAL commit.",
+        f"{PY}bench_idle_job.py",
+        [("rate", "events/s"), ("seconds", "seconds")],
+        [("filesystem_busy_cores", "busy cores"), ("filecontext_busy_cores", "FileContext"),
+         ("filesystem_processes_per_s", "processes/s"), ("filecontext_processes_per_s", "FileContext"),
+         ("filesystem_job_jvm_cores", "job JVM cores"), ("filecontext_job_jvm_cores", "FileContext"),
+         ("filesystem_batch_ms", "batch ms"), ("filecontext_batch_ms", "FileContext"),
+         ("filesystem_wal_commit_ms", "WAL commit ms"), ("filecontext_wal_commit_ms", "FileContext")]),
     "jvm_start": Bench(
         "bench_jvm_start.py",
         "A platform JVM's start with and without its class-data sharing archive (spark_jobs/jvm/class_archive.py, "

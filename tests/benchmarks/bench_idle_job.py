@@ -1,0 +1,120 @@
+"""What a detection job costs the machine at the demo's trickle of events, with its
+checkpoint written through Hadoop's FileSystem API (the job's setting,
+`spark.LOCAL_CHECKPOINT_CONF`) and through Spark's default FileContext manager.
+
+One broker (plaintext), the demo's rules, the demo generator at `--rate` events/s and a
+detection job; after `--warmup` seconds, `--seconds` of: the machine's busy cores
+(/proc/stat), processes started per second (the `processes` counter: each `chmod` or
+`readlink` that Hadoop's local file system starts is one), the job JVM's own CPU and its
+last batch's durations. The two variants run one after the other on fresh checkpoints.
+
+    .venv/bin/python tests/benchmarks/bench_idle_job.py [--rate 20] [--seconds 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from record import ROOT, append_result  # noqa: E402
+
+_JOB = (
+    "import sys, spark_jobs.spark as s\n"
+    "if sys.argv[1] == 'filecontext': s.LOCAL_CHECKPOINT_CONF.clear()\n"
+    "from spark_jobs.cli import main\n"
+    "sys.exit(main(sys.argv[2:]))\n"
+)
+
+
+def _machine() -> tuple[int, int]:
+    fields = Path("/proc/stat").read_text().splitlines()
+    cpu = [int(x) for x in fields[0].split()[1:]]
+    busy = sum(cpu) - cpu[3] - cpu[4]  # all but idle and iowait
+    forks = next(int(line.split()[1]) for line in fields if line.startswith("processes"))
+    return busy, forks
+
+
+def _cpu(pid: int) -> float:
+    st = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(st[11]) + int(st[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _jvm_of(parent: int) -> int:
+    for _ in range(600):
+        for p in Path("/proc").iterdir():
+            if p.name.isdigit():
+                try:
+                    cmd = (p / "cmdline").read_text()
+                    # the driver JVM, not Spark's launcher (a java process that exits at once)
+                    if "spark.app.name=detection-job" in cmd and "deploy.SparkSubmit" in cmd:
+                        return int(p.name)
+                except OSError:
+                    continue
+        time.sleep(0.5)
+    raise RuntimeError("no detection job JVM")
+
+
+def run(variant: str, bootstrap: str, work: Path, args: argparse.Namespace) -> dict:
+    status = work / "status.json"
+    job = subprocess.Popen([sys.executable, "-c", _JOB, variant, "detect", "--bootstrap", bootstrap,
+                            "--checkpoint", str(work / "checkpoint"), "--status-file", str(status)],
+                           cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    jvm = 0
+    try:
+        jvm = _jvm_of(job.pid)
+        time.sleep(args.warmup)
+        tck = os.sysconf("SC_CLK_TCK")
+        (b0, f0), c0, t0 = _machine(), _cpu(jvm), time.monotonic()
+        time.sleep(args.seconds)
+        (b1, f1), c1, t1 = _machine(), _cpu(jvm), time.monotonic()
+        last = json.loads(status.read_text())
+        return {
+            "busy_cores": round((b1 - b0) / tck / (t1 - t0), 3),
+            "processes_per_s": round((f1 - f0) / (t1 - t0), 1),
+            "job_jvm_cores": round((c1 - c0) / (t1 - t0), 3),
+            "batch_ms": last.get("batch_duration_ms", {}).get("triggerExecution"),
+            "wal_commit_ms": last.get("batch_duration_ms", {}).get("walCommit"),
+        }
+    finally:
+        job.terminate()
+        job.wait(120)
+        while jvm and Path(f"/proc/{jvm}").exists():  # the next variant must not find this JVM
+            time.sleep(0.5)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rate", type=int, default=20)
+    ap.add_argument("--warmup", type=float, default=60)
+    ap.add_argument("--seconds", type=float, default=60)
+    args = ap.parse_args()
+    from spark_jobs.kafka.broker import EmbeddedBroker, free_port
+    from spark_jobs.kafka.publisher import publish_rules
+    from spark_jobs.rules.loader import load_rules
+
+    figures: dict[str, object] = {}
+    with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker(port=free_port(), partitions=2) as broker:
+        publish_rules([lr.rule for lr in load_rules([ROOT / "rules"]).rules], broker.bootstrap)
+        demo = subprocess.Popen([sys.executable, "-m", "spark_jobs.cli", "demo", "--bootstrap", broker.bootstrap,
+                                 "--forever", "--rate", str(args.rate)], cwd=ROOT,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            for variant in ("filesystem", "filecontext"):
+                out = run(variant, broker.bootstrap, Path(tmp) / variant, args)
+                print(variant, out)
+                figures.update({f"{variant}_{k}": v for k, v in out.items()})
+        finally:
+            demo.terminate()
+            demo.wait(60)
+    append_result("idle_job", figures, rate=args.rate, seconds=args.seconds)
+
+
+if __name__ == "__main__":
+    main()
