@@ -70,6 +70,9 @@ from spark_jobs.spark import DEFAULT_CONNECT_PORT
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
+# The Spark jobs, the Connect server and the demo producer stop together: none needs
+# another to shut down, only the broker, which stops after them.
+JOBS = "jobs"
 DETECT_RESTART = RestartPolicy(max_restarts=5, window_s=600.0, backoff_s=2.0, max_backoff_s=30.0)
 
 
@@ -248,6 +251,7 @@ def detect_spec(args: argparse.Namespace, bootstrap: str, paths: Paths) -> Child
         argv += ["--trigger-ms", str(args.trigger_ms)]
     return ChildSpec(
         name="detect",
+        stop_group=JOBS,
         argv=argv,
         env=base_env(bootstrap, paths, not args.insecure),
         cwd=paths.workdir,
@@ -277,6 +281,7 @@ def archive_spec(args: argparse.Namespace, bootstrap: str, paths: Paths) -> Chil
     env = {"SPARK_DRIVER_MEMORY": "1g", **base_env(bootstrap, paths, not args.insecure)}
     return ChildSpec(
         name="archive",
+        stop_group=JOBS,
         argv=argv,
         env=env,
         cwd=paths.workdir,
@@ -295,6 +300,7 @@ def connect_spec(args: argparse.Namespace, bootstrap: str, paths: Paths, port: i
     JVM start-up per backtest, and a JIT that has seen the engine's plans before."""
     return ChildSpec(
         name="connect",
+        stop_group=JOBS,
         argv=rulectl_argv("connect", "--port", str(port)),
         env=base_env(bootstrap, paths, not args.insecure),
         cwd=paths.workdir,
@@ -320,6 +326,7 @@ def _port_open(host: str, port: int) -> bool:
 def demo_spec(args: argparse.Namespace, bootstrap: str, paths: Paths) -> ChildSpec:
     return ChildSpec(
         name="demo",
+        stop_group=JOBS,
         argv=rulectl_argv("demo", "--bootstrap", bootstrap, "--forever", "--rate", f"{args.demo_rate:g}"),
         env=base_env(bootstrap, paths, not args.insecure),
         cwd=paths.workdir,
@@ -471,6 +478,7 @@ def airflow_specs(
                 # backtest held each Ctrl-C for the whole minute. The second signal comes
                 # after 10 s; a task cut short is retried at the next start.
                 stop_timeout=10.0 if component == "scheduler" else 60.0,
+                stop_group="airflow",
                 ready=(lambda: _http_ok(f"{url}/api/v2/monitor/health")) if api else None,
                 ready_message=f"Airflow UI ready: {url}" if api else None,
                 on_ready=on_ready if api else None,

@@ -72,6 +72,10 @@ class ChildSpec:
     ready_message: str | None = None
     on_ready: Callable[[], None] | None = None  # run once per start, in a thread, when ready
     before_start: Callable[[], None] | None = None  # e.g. clear a stale readiness marker
+    # Neighbours (in stop order) with the same group stop together: Airflow's components
+    # do not need each other to shut down, and one at a time a Ctrl-C waited for each
+    # one's timeout in turn.
+    stop_group: str | None = None
 
 
 class Component(Protocol):
@@ -305,6 +309,7 @@ class Supervisor:
         self.force = threading.Event()  # set by a second Ctrl-C: stop without waiting
         self._watches: list[_Watch] = []
         self._lock = threading.Lock()
+        self._say_lock = threading.Lock()
         self._stopped = False
 
     @property
@@ -312,7 +317,9 @@ class Supervisor:
         return [w.component for w in self._watches]
 
     def say(self, text: str) -> None:
-        print(text, file=self.out, flush=True)
+        with self._say_lock:  # one whole line per message, also from parallel stops
+            self.out.write(text + "\n")
+            self.out.flush()
 
     def start(self, component: Component, spec: ChildSpec | None = None) -> Component:
         """Start one component now (it is stopped with the others, in reverse order)."""
@@ -428,20 +435,36 @@ class Supervisor:
             if self._stopped:
                 return
             self._stopped = True
+        batches: list[list[_Watch]] = []
         for watch in reversed(self._watches):
-            comp = watch.component
-            running = comp.poll() is None
-            if running:
-                self.say(f"stopping {comp.name} ...")
-            try:
-                code = comp.stop(self.force)
-            except Exception as exc:  # noqa: BLE001 - one failing stop must not skip the rest
-                self.say(f"error stopping {comp.name}: {exc}")
-                code = None
-            self.history.append(f"stop {comp.name}")
-            if running:
-                self.say(f"stopped {comp.name}" + (f" (exit code {code})" if code is not None else ""))
+            group = watch.spec.stop_group if watch.spec is not None else None
+            last = batches[-1][-1] if batches else None
+            if group is not None and last is not None and last.spec is not None and last.spec.stop_group == group:
+                batches[-1].append(watch)
+            else:
+                batches.append([watch])
+        for batch in batches:
+            threads = [threading.Thread(target=self._stop_one, args=(w.component,)) for w in batch[1:]]
+            for t in threads:
+                t.start()
+            self._stop_one(batch[0].component)
+            for t in threads:
+                t.join()
         self._changed()
+
+    def _stop_one(self, comp: Component) -> None:
+        running = comp.poll() is None
+        if running:
+            self.say(f"stopping {comp.name} ...")
+        try:
+            code = comp.stop(self.force)
+        except Exception as exc:  # noqa: BLE001 - one failing stop must not skip the rest
+            self.say(f"error stopping {comp.name}: {exc}")
+            code = None
+        with self._lock:
+            self.history.append(f"stop {comp.name}")
+        if running:
+            self.say(f"stopped {comp.name}" + (f" (exit code {code})" if code is not None else ""))
 
     def describe(self) -> dict[str, dict]:
         return {w.component.name: w.component.describe() for w in self._watches}

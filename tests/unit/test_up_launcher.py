@@ -502,3 +502,34 @@ def test_the_scheduler_waits_for_the_api_server_to_answer(tmp_path: Path) -> Non
                       ready=lambda: False)
     with pytest.raises(RuntimeError, match="not ready after"):
         up.await_ready(never, Child(), threading.Event(), timeout_s=1.5)  # type: ignore[arg-type]
+
+
+def test_neighbours_of_one_stop_group_are_stopped_together(tmp_path: Path) -> None:
+    """Airflow's components stop at once: each takes 3 s after its signal here, so one
+    after the other the second would get its signal 3 s after the first."""
+    slow = (
+        "import signal, sys, time\n"
+        "out = sys.argv[1]\n"
+        "def stop(signum, frame):\n"
+        "    open(out + '.signalled', 'w').write(repr(time.time()))\n"
+        "    time.sleep(3)\n"
+        "    sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, stop)\n"
+        "open(out, 'w').write('up')\n"
+        "while True:\n"
+        "    time.sleep(0.05)\n"
+    )
+    log = tmp_path / "signals.log"
+    sup = Supervisor(out=io.StringIO(), poll_interval=0.05)
+    sup.start_child(dummy(tmp_path, "alone", log))
+    outs = [tmp_path / "a", tmp_path / "b"]
+    for name, out in zip(("a", "b"), outs, strict=True):
+        spec = script(tmp_path, name, slow, out, stop_timeout=20)
+        spec.stop_group = "g"
+        sup.start_child(spec)
+    wait_for(lambda: started(log, "alone") and all(o.exists() for o in outs))
+    sup.stop_all()
+    a, b = (float(Path(f"{o}.signalled").read_text()) for o in outs)
+    assert abs(a - b) < 2.0, (a, b)
+    # The group stops before the child started before it, as the reverse order wants.
+    assert [h for h in sup.history if h.startswith("stop")][-1] == "stop alone"
