@@ -22,7 +22,6 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -38,9 +37,14 @@ OFF_ENV = "RULES_CDS"  # "off": no archive at all (to measure without one)
 
 
 def _java() -> Path | None:
-    java = shutil.which("java", path=os.path.join(os.environ["JAVA_HOME"], "bin")) if os.environ.get(
-        "JAVA_HOME") else shutil.which("java")
-    return Path(java).resolve() if java else None
+    """The JDK the platform's JVMs run (the broker's own lookup: $RULES_JAVA, $JAVA_HOME,
+    the PATH), or None without one."""
+    from spark_jobs.kafka.broker import BrokerError, java_binary
+
+    try:
+        return Path(java_binary()).resolve()
+    except BrokerError:
+        return None
 
 
 def _class_path(kind: Kind) -> list[Path]:

@@ -24,6 +24,7 @@ own, and its Spark JVM under it).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import signal
 import subprocess
@@ -435,15 +436,11 @@ class Supervisor:
             if self._stopped:
                 return
             self._stopped = True
-        batches: list[list[_Watch]] = []
-        for watch in reversed(self._watches):
-            group = watch.spec.stop_group if watch.spec is not None else None
-            last = batches[-1][-1] if batches else None
-            if group is not None and last is not None and last.spec is not None and last.spec.stop_group == group:
-                batches[-1].append(watch)
-            else:
-                batches.append([watch])
-        for batch in batches:
+        def group(w: _Watch) -> object:
+            return (w.spec.stop_group if w.spec is not None else None) or id(w)
+
+        for _, neighbours in itertools.groupby(reversed(self._watches), key=group):
+            batch = list(neighbours)
             threads = [threading.Thread(target=self._stop_one, args=(w.component,)) for w in batch[1:]]
             for t in threads:
                 t.start()

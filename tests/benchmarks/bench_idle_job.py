@@ -46,7 +46,7 @@ def _cpu(pid: int) -> float:
     return (int(st[11]) + int(st[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _jvm_of(parent: int) -> int:
+def _jvm_of() -> int:
     for _ in range(600):
         for p in Path("/proc").iterdir():
             if p.name.isdigit():
@@ -68,7 +68,7 @@ def run(variant: str, bootstrap: str, work: Path, args: argparse.Namespace) -> d
                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     jvm = 0
     try:
-        jvm = _jvm_of(job.pid)
+        jvm = _jvm_of()
         time.sleep(args.warmup)
         tck = os.sysconf("SC_CLK_TCK")
         (b0, f0), c0, t0 = _machine(), _cpu(jvm), time.monotonic()
