@@ -478,7 +478,11 @@ def airflow_specs(
                 # backtest held each Ctrl-C for the whole minute. The second signal comes
                 # after 10 s; a task cut short is retried at the next start.
                 stop_timeout=10.0 if component == "scheduler" else 60.0,
-                stop_group="airflow",
+                # The scheduler, DAG processor and triggerer stop together, the api-server
+                # after them: a task the scheduler cuts short still reports its end (up
+                # for retry) through the Execution API, instead of staying "running"
+                # until a heartbeat timeout after the next start.
+                stop_group="airflow-api" if api else "airflow",
                 ready=(lambda: _http_ok(f"{url}/api/v2/monitor/health")) if api else None,
                 ready_message=f"Airflow UI ready: {url}" if api else None,
                 on_ready=on_ready if api else None,

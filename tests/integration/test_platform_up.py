@@ -150,6 +150,22 @@ class Platform:
         assert status == 200, body
         return body["dag_runs"]
 
+    def failed(self) -> dict[str, list[str]]:
+        """Each DAG's failed runs, every failed task instance with the end of its log:
+        the assertion says why a run failed, not only that it did."""
+        found: dict[str, list[str]] = {}
+        for dag in DAGS:
+            found[dag] = []
+            for run in (r for r in self.runs(dag) if r["state"] == "failed"):
+                _, body = self.api("GET", f"/dags/{dag}/dagRuns/{run['dag_run_id']}/taskInstances")
+                tasks = [t for t in body.get("task_instances", []) if t["state"] in ("failed", "upstream_failed")]
+                logs = self.workdir / "airflow" / "logs" / f"dag_id={dag}" / f"run_id={run['dag_run_id']}"
+                tails = [f"{f.relative_to(logs)}:\n{f.read_text(errors='replace')[-2500:]}"
+                         for f in sorted(logs.rglob("*.log"))] if logs.is_dir() else ["(no log folder)"]
+                found[dag].append(f"{run['dag_run_id']} {[(t['task_id'], t['state'], t['try_number']) for t in tasks]}\n"
+                                  + "\n".join(tails))
+        return found
+
     # ---- what is live ---------------------------------------------------------------------
     def job_status(self) -> dict:
         path = self.workdir / "detect" / "status.json"
@@ -218,8 +234,8 @@ def test_an_idle_platform_shows_no_failed_run(platform: Platform) -> None:
         time.sleep(10)
     else:
         pytest.fail(f"not enough runs in 600 s: {len(releases)} release polls, {len(checks)} supervisor runs")
-    failed = {dag: [r["dag_run_id"] for r in platform.runs(dag) if r["state"] == "failed"] for dag in DAGS}
-    assert failed == {dag: [] for dag in DAGS}
+    failed = platform.failed()
+    assert failed == {dag: [] for dag in DAGS}, "\n".join(sum(failed.values(), []))
     if not chromium_available():
         pytest.skip("no Chromium for the runs lists")
     with Chromium() as browser:
@@ -278,8 +294,8 @@ def test_a_restart_publishes_nothing_that_waits_for_approval(platform: Platform)
         if after:  # the first run after the restart is the one that met a starting platform
             break
         time.sleep(10)
-    failed = {dag: [r["dag_run_id"] for r in platform.runs(dag) if r["state"] == "failed"] for dag in DAGS}
-    assert failed == {dag: [] for dag in DAGS}
+    failed = platform.failed()
+    assert failed == {dag: [] for dag in DAGS}, "\n".join(sum(failed.values(), []))
     assert platform.audit() == audit
     history = subprocess.run([sys.executable, "-m", "spark_jobs.cli", "history", "global_api_burst", "--audit-dir",
                               str(platform.workdir / "airflow" / "rule_lifecycle" / "audit"), "--format", "json"],

@@ -106,6 +106,10 @@ def test_plan_starts_detect_demo_airflow_in_that_order_with_workdir_paths(tmp_pa
         "airflow-triggerer",
     ]
     detect, archive, connect, demo, airflow = specs[:5]
+    # Stopped last first: the scheduler, DAG processor and triggerer together, and only
+    # then the api-server, through which a task they cut short reports its end.
+    groups = [s.stop_group for s in specs[4:]]
+    assert groups[1] == groups[2] == groups[3] != groups[0]
 
     argv = list(detect.argv)
     assert argv[argv.index("--bootstrap") + 1] == "127.0.0.1:19092"
