@@ -27,8 +27,26 @@ VALUES = st.one_of(
 )
 
 
+# Each Spark run judges several examples at once (a run costs seconds of planning, an
+# example's data almost nothing): example j's events carry `ex: j` and start j hours
+# after example 0's, so none is late for another's, and each of its rules that has
+# conditions first asks for `ex == j`. A rule drawn without conditions keeps none and
+# sees every example's events: a larger input, judged by both engines all the same.
+HOUR_MS = 3_600_000
+
+
+def apart(j: int, evs: list[dict], rules: list[dict]) -> tuple[list[dict], list[dict]]:
+    """Example j of a run: its events and rules (ids prefixed)."""
+    for e in evs:
+        e["ex"] = j
+    own = {"field": "ex", "operator": "==", "value": j}
+    return evs, [{**r, "rule_id": f"x{j}_{r['rule_id']}"}
+                 | ({"conditions": [own, *r["conditions"]]} if r.get("conditions") else {})
+                 for r in rules]
+
+
 @st.composite
-def events(draw) -> list[dict]:
+def events(draw, offset_ms: int = 0) -> list[dict]:
     n = draw(st.integers(1, 40))
     out = []
     t = 0
@@ -43,13 +61,14 @@ def events(draw) -> list[dict]:
         if val is not None or draw(st.booleans()):
             ev["val"] = val
         style = draw(st.sampled_from(["ms", "iso", "s", "missing"] if draw(st.integers(0, 9)) == 0 else ["ms", "iso", "s"]))
-        ms = BASE_MS + t
+        at = offset_ms + t
+        ms = BASE_MS + at
         if style == "ms":
             ev["ts"] = ms
         elif style == "s":
             ev["ts"] = ms / 1000
         elif style == "iso":
-            ev["ts"] = f"2026-01-01T00:{t // 60000 % 60:02d}:{t // 1000 % 60:02d}.{t % 1000:03d}Z"
+            ev["ts"] = f"2026-01-01T{at // HOUR_MS:02d}:{at // 60000 % 60:02d}:{at // 1000 % 60:02d}.{at % 1000:03d}Z"
         out.append(ev)
     return out
 
@@ -103,11 +122,13 @@ def run_both(spark, rule_dicts: list[dict], evs: list[dict]):
     return expected, got
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(data=st.data())
 def test_velocity_rules_match_reference(spark, data):
-    evs = data.draw(events())
-    rules = [data.draw(velocity_rules(i)) for i in range(4)]
+    evs, rules = [], []
+    for j in range(5):  # 25 examples of 4 rules each
+        e, r = apart(j, data.draw(events(j * HOUR_MS)), [data.draw(velocity_rules(i)) for i in range(4)])
+        evs, rules = evs + e, rules + r
     expected, got = run_both(spark, rules, evs)
     assert got == expected
 
@@ -115,10 +136,8 @@ def test_velocity_rules_match_reference(spark, data):
 THRESHOLD_VALUES = st.one_of(st.integers(-3, 10), st.sampled_from(["3", "x", "a", "b", True, False, 2.5, "2.5"]))
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(data=st.data())
-def test_threshold_conditions_match_reference(spark, data):
-    evs = data.draw(events())
+def threshold_example(data, offset_ms: int) -> tuple[list[dict], list[dict]]:
+    evs = data.draw(events(offset_ms))
     for e in evs:  # a few more shapes for the comparison semantics
         if data.draw(st.booleans()):
             e["flag"] = data.draw(st.sampled_from([True, False, "true", 1, {"x": 1}, [1]]))
@@ -135,6 +154,16 @@ def test_threshold_conditions_match_reference(spark, data):
             for _ in range(data.draw(st.integers(1, 2)))
         ]
         rules.append({"rule_id": f"t{i}", "version": "1", "rule_type": "threshold", "source_topic": "e", "conditions": conds})
+    return evs, rules
+
+
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(data=st.data())
+def test_threshold_conditions_match_reference(spark, data):
+    evs, rules = [], []
+    for j in range(3):  # 15 examples of 6 rules each
+        e, r = apart(j, *threshold_example(data, j * HOUR_MS))
+        evs, rules = evs + e, rules + r
     expected, got = run_both(spark, rules, evs)
     assert got == expected
 
