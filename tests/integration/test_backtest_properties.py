@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -43,6 +44,16 @@ def apart(j: int, evs: list[dict], rules: list[dict]) -> tuple[list[dict], list[
     return evs, [{**r, "rule_id": f"x{j}_{r['rule_id']}"}
                  | ({"conditions": [own, *r["conditions"]]} if r.get("conditions") else {})
                  for r in rules]
+
+
+def batch(n: int, example: Callable[[int], tuple[list[dict], list[dict]]]) -> tuple[list[dict], list[dict]]:
+    """n examples (`example(offset_ms)`: events and rules) as one run's (see apart)."""
+    evs: list[dict] = []
+    rules: list[dict] = []
+    for j in range(n):
+        e, r = apart(j, *example(j * HOUR_MS))
+        evs, rules = evs + e, rules + r
+    return evs, rules
 
 
 @st.composite
@@ -125,10 +136,8 @@ def run_both(spark, rule_dicts: list[dict], evs: list[dict]):
 @settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(data=st.data())
 def test_velocity_rules_match_reference(spark, data):
-    evs, rules = [], []
-    for j in range(5):  # 25 examples of 4 rules each
-        e, r = apart(j, data.draw(events(j * HOUR_MS)), [data.draw(velocity_rules(i)) for i in range(4)])
-        evs, rules = evs + e, rules + r
+    # 25 examples of 4 rules each
+    evs, rules = batch(5, lambda at: (data.draw(events(at)), [data.draw(velocity_rules(i)) for i in range(4)]))
     expected, got = run_both(spark, rules, evs)
     assert got == expected
 
@@ -160,10 +169,7 @@ def threshold_example(data, offset_ms: int) -> tuple[list[dict], list[dict]]:
 @settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(data=st.data())
 def test_threshold_conditions_match_reference(spark, data):
-    evs, rules = [], []
-    for j in range(3):  # 15 examples of 6 rules each
-        e, r = apart(j, *threshold_example(data, j * HOUR_MS))
-        evs, rules = evs + e, rules + r
+    evs, rules = batch(3, lambda at: threshold_example(data, at))  # 15 examples of 6 rules each
     expected, got = run_both(spark, rules, evs)
     assert got == expected
 
