@@ -151,9 +151,9 @@ class Platform:
         assert status == 200, body
         return body["dag_runs"]
 
-    def failed(self) -> dict[str, list[str]]:
-        """Each DAG's failed runs, every failed task instance with the end of its log:
-        the assertion says why a run failed, not only that it did."""
+    def assert_no_failed_run(self) -> None:
+        """No DAG has a failed run; if one has, the message names every failed task
+        instance with the end of its log: why a run failed, not only that it did."""
         found: dict[str, list[str]] = {}
         for dag in DAGS:
             found[dag] = []
@@ -165,7 +165,7 @@ class Platform:
                          for f in sorted(logs.rglob("*.log"))] if logs.is_dir() else ["(no log folder)"]
                 found[dag].append(f"{run['dag_run_id']} {[(t['task_id'], t['state'], t['try_number']) for t in tasks]}\n"
                                   + "\n".join(tails))
-        return found
+        assert found == {dag: [] for dag in DAGS}, "\n".join(sum(found.values(), []))
 
     # ---- what is live ---------------------------------------------------------------------
     def job_status(self) -> dict:
@@ -266,8 +266,7 @@ def test_a_restart_publishes_nothing_that_waits_for_approval(platform: Platform)
         if after:  # the first run after the restart is the one that met a starting platform
             break
         time.sleep(10)
-    failed = platform.failed()
-    assert failed == {dag: [] for dag in DAGS}, "\n".join(sum(failed.values(), []))
+    platform.assert_no_failed_run()
     assert platform.audit() == audit
     history = subprocess.run([sys.executable, "-m", "spark_jobs.cli", "history", "global_api_burst", "--audit-dir",
                               str(platform.workdir / "airflow" / "rule_lifecycle" / "audit"), "--format", "json"],
@@ -316,8 +315,7 @@ def test_no_run_failed_over_idle_polls_a_release_and_a_restart(platform: Platfor
         time.sleep(10)
     else:
         pytest.fail(f"not enough runs in 600 s: {len(releases)} release polls, {len(checks)} supervisor runs")
-    failed = platform.failed()
-    assert failed == {dag: [] for dag in DAGS}, "\n".join(sum(failed.values(), []))
+    platform.assert_no_failed_run()
     if not chromium_available():
         pytest.skip("no Chromium for the runs lists")
     with Chromium() as browser:
