@@ -22,9 +22,10 @@ from spark_jobs.backtest.kept import kept
 from spark_jobs.engine.events import classify, split, with_reasons
 from spark_jobs.engine.frames import union_all
 from spark_jobs.engine.pipeline import EngineResult, active_rules, evaluate
+from spark_jobs.engine.threshold import with_threshold_matches
 from spark_jobs.engine.values import Fields, extract_fields
 from spark_jobs.rules.loader import RuleError, load_rules
-from spark_jobs.rules.model import AnyRule, CorrelationRule
+from spark_jobs.rules.model import AnyRule, CorrelationRule, ThresholdRule
 from spark_jobs.spark import session_conf
 
 _T = TypeVar("_T")
@@ -296,7 +297,9 @@ def _run(spark: SparkSession, cfg: BacktestConfig) -> dict:
     # dead letters and the summary read it. The VARIANT itself is not kept; the
     # extracted columns are all the rules need and are cheaper to scan.
     # A file has no broker timestamp: processing-time rules use the --time-field.
-    parsed, fields = extract_fields(classified, rules, [cfg.time_field])
+    classified = with_threshold_matches(classified, rules)
+    parsed, fields = extract_fields(classified, [r for r in rules if not isinstance(r, ThresholdRule)],
+                                    [cfg.time_field])
     parsed = parsed.withColumn("proc_ms", F.coalesce("proc_ms", fields.time(cfg.time_field))).drop("v")
     with kept(parsed) as parsed:
         counts, result = _evaluate_and_write(spark, parsed, fields, rules, cfg.out_dir)

@@ -21,12 +21,13 @@ from pyspark.sql.connect.plan import LogicalPlan
 
 from spark_jobs.spark import jvm_class
 
-Pass = Literal["velocity", "correlation"]
+Pass = Literal["velocity", "correlation", "thresholds"]
 
 # The JVM entry point of each pass: class and static method, as ConnectPasses names it.
 ENTRIES: dict[Pass, tuple[str, str]] = {
     "velocity": ("ruleplatform.keyed.BatchVelocity", "fired"),
     "correlation": ("ruleplatform.keyed.BatchCorrelation", "judged"),
+    "thresholds": ("ruleplatform.rules.Evaluate", "thresholdPass"),
 }
 
 def run_pass(df: DataFrame, which: Pass, spec: str) -> DataFrame:

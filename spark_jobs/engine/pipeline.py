@@ -19,7 +19,7 @@ from spark_jobs.engine.frames import union_all
 from spark_jobs.engine.threshold import threshold_emits
 from spark_jobs.engine.values import Fields, extract_fields
 from spark_jobs.engine.velocity import velocity_rules
-from spark_jobs.rules.model import AnyRule, CorrelationRule, ThresholdRule, VelocityRule
+from spark_jobs.rules.model import AnyRule, CorrelationRule, VelocityRule
 
 
 @dataclass
@@ -54,7 +54,7 @@ def evaluate(events: DataFrame, rules: list[AnyRule], fields: Fields | None = No
     result = EngineResult(detections=None)
     emits: list[DataFrame] = []
 
-    t = threshold_emits(events, [r for r in rules if isinstance(r, ThresholdRule)], fields)
+    t = threshold_emits(events, rules)
     if t is not None:
         emits.append(t)
 

@@ -1,47 +1,49 @@
 """Threshold rules: stateless, all conditions ANDed, one emit per (event, matching rule).
 
-All threshold rules of a topic are evaluated in a single projection (an array of the
-indexes of the rules that match, exploded), so N rules cost one pass over the events,
-not N scans and a union.
+The rule-set evaluator (spark_jobs/jvm, `ruleplatform.rules`) judges every threshold
+rule of every topic in one call per event (`with_threshold_matches`): the plan has one
+projection and one generator whatever the number of rules and topics. Classic sessions
+reach it through Py4J, Spark Connect through the server's ConnectPasses plugin.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from spark_jobs.engine.conditions import all_conditions
-from spark_jobs.engine.emits import explode_matching, matching, rule_table
-from spark_jobs.engine.frames import union_all
-from spark_jobs.engine.values import Fields
-from spark_jobs.rules.model import ThresholdRule
+from spark_jobs.engine.emits import rule_table
+from spark_jobs.engine.jvm_pass import run_pass
+from spark_jobs.engine.rule_set import rule_set_spec, threshold_rows
+from spark_jobs.rules.model import AnyRule, ThresholdRule
+
+MATCHES = "_tm"  # array<int>: indexes of the threshold rules an event passes
 
 
-def threshold_emits(events: DataFrame, rules: list[ThresholdRule], fields: Fields) -> DataFrame | None:
-    by_topic: dict[str, list[ThresholdRule]] = defaultdict(list)
-    for r in rules:
-        by_topic[r.source_topic].append(r)
-    outs: list[DataFrame] = []
-    v = F.col("v")
-    for topic, rs in sorted(by_topic.items()):
-        topic_events = events.filter(F.col("topic") == topic)
-        hits = matching([all_conditions(v, r.conditions, fields.values) for r in rs])
-        meta = rule_table(rs)
-        matched = explode_matching(topic_events, hits, ["topic", "seq", "raw", "proc_ms"])
-        m = F.element_at(meta, F.col("_i") + 1)
-        outs.append(
-            matched.select(
-                *[m[c].alias(c) for c in ("rule_id", "rule_version", "rule_type", "rule_name")],
-                "topic",
-                "seq",
-                F.col("proc_ms").alias("ts_ms"),
-                "raw",
-                F.lit("").alias("extra"),
-                m["head"].alias("head"),
-            )
-        )
-    if not outs:
+def thresholds_of(rules: list[AnyRule]) -> list[ThresholdRule]:
+    """The enabled threshold rules, in the order a match's index names them."""
+    return [r for r in rules if isinstance(r, ThresholdRule) and r.enabled]
+
+
+def with_threshold_matches(df: DataFrame, rules: list[AnyRule]) -> DataFrame:
+    """`df` (columns `topic`, `v`) with MATCHES, where `rules` hold threshold rules: done
+    in the scan that parses the events, so the backtest keeps the small array, not `v`."""
+    th = thresholds_of(rules)
+    return run_pass(df, "thresholds", rule_set_spec(threshold_rows(th))) if th else df
+
+
+def threshold_emits(events: DataFrame, rules: list[AnyRule]) -> DataFrame | None:
+    th = thresholds_of(rules)
+    if not th:
         return None
-    return union_all(outs)
+    if MATCHES not in events.columns:
+        events = with_threshold_matches(events, th)
+    m = F.element_at(rule_table(th), F.col("_i") + 1)
+    return events.select("topic", "seq", "raw", "proc_ms", F.explode(MATCHES).alias("_i")).select(
+        *[m[c].alias(c) for c in ("rule_id", "rule_version", "rule_type", "rule_name")],
+        "topic",
+        "seq",
+        F.col("proc_ms").alias("ts_ms"),
+        "raw",
+        F.lit("").alias("extra"),
+        m["head"].alias("head"),
+    )

@@ -1,5 +1,5 @@
-"""The rule set in force, compiled into the live plan: per event, one row per key group it
-enters and one row of the threshold rules it passes.
+"""The keyed rules in force, compiled into the live plan: per event, one row per key
+group it enters.
 
 Rules used to reach the query as data (a broadcast join of every event with every rule
 of its topic, each condition interpreted from the rule's row). That cost 55-67 us of
@@ -7,12 +7,13 @@ JVM time per event (tests/benchmarks/bench_live_plan.py): a generic comparison p
 (event, rule) row, and a plan of 100k+ characters that Spark optimizes again at every
 micro-batch (about 1 s per branch against a 500 ms trigger).
 
-Here each rule's conditions are literal expressions built by the engine's own
-`compare_spec` (the backtest's), so Spark generates plain code for them: an event is
-tested against every rule of the set in one projection, and only what passes becomes
-rows. The price is that a rule change means a new plan: the job
-restarts its query in-process on the same checkpoint (same query id, state kept) when
-the registry's snapshot changes (job.py `run`).
+Here each keyed rule's conditions are literal expressions built by the engine's own
+`compare_spec` (the backtest's), so Spark generates plain code for them. The price is
+that a rule change means a new plan: the job restarts its query in-process on the same
+checkpoint (same query id, state kept) when the registry's snapshot changes (job.py
+`run`). Threshold rules are judged by the rule-set evaluator instead
+(engine/rule_set.py, docs/decisions/0011-rule-set-evaluator.md), which the keyed rules
+move to next.
 """
 
 from __future__ import annotations
@@ -55,20 +56,6 @@ def _or(cols: Sequence[Column]) -> Column:
     for c in cols:
         out = out | c
     return out
-
-
-def _routes(c: Cond, path: str) -> bool:
-    return c.path == path and c.op == "==" and c.kind == "str"
-
-
-def _route_path(members: Sequence[tuple[int, RuleRow]]) -> str | None:
-    """The path most rules test for equality with a string, if at least two do."""
-    counts: dict[str, int] = {}
-    for _, r in members:
-        for p in {c.path for c in r.conditions if c.op == "==" and c.kind == "str"}:
-            counts[p] = counts.get(p, 0) + 1
-    best = max(counts.items(), key=lambda kv: (kv[1], kv[0]), default=None)
-    return best[0] if best and best[1] >= 2 else None
 
 
 def _pick(i: Column, values: Sequence[object], type_: str) -> Column:
@@ -129,61 +116,6 @@ class _Checks:
         return F.coalesce(*whens) if whens else None
 
 
-def _matches_of(members: list[tuple[int, RuleRow]], checks: _Checks) -> Column:
-    """The indexes ("0,3,7") of the rules of one source (topic, routed-from) an event
-    passes.
-
-    Routed like the Ververica demo, but in the plan: the rules that test one path
-    for equality with a string (an event type) are grouped by that string, and a
-    CASE on the event's value picks the group, so an event is tested against the
-    rules of its type only (4 comparisons, not 50, for the bench's rules).
-    """
-    fv, ok = checks.fv, checks.ok
-    route = _route_path(members)
-    routed: dict[str, list[tuple[int, RuleRow, list[Cond]]]] = {}
-    flags: list[Column] = []
-    for n, r in members:
-        eq = next((c for c in r.conditions if route and _routes(c, route)), None)
-        if eq is None:
-            flags.append(F.when(_and([ok(c) for c in r.conditions]), F.lit(str(n))))
-        else:
-            rest = [c for c in r.conditions if c is not eq]
-            routed.setdefault(eq.str or "", []).append((n, r, rest))
-    if routed:
-        value = fv(route).str
-        case: Column | None = None
-        for text, group in routed.items():
-            # NULL, not "", when none of the group passes: concat_ws skips NULLs only,
-            # and an empty entry is no rule index.
-            part = F.nullif(F.concat_ws(",", *[F.when(_and([ok(c) for c in rest]), F.lit(str(n)))
-                                               for n, _, rest in group]), F.lit(""))
-            case = F.when(value == F.lit(text), part) if case is None else case.when(value == F.lit(text), part)
-        flags.insert(0, case)
-    return F.concat_ws(",", *flags)
-
-
-def match_list(rows: Sequence[RuleRow], checks: _Checks) -> Column:
-    """Per event, the indexes ("0,3,7") of the threshold rule rows `rows` it passes,
-    "" for none: one row per event carries them through the operators (job.py
-    `event_rows`), made one row per (event, rule) behind them."""
-    sources: dict[tuple[str, str | None], list[tuple[int, RuleRow]]] = {}
-    for n, r in enumerate(rows):
-        sources.setdefault((r.topic, r.route_from), []).append((n, r))
-    # The indexes as text: concat_ws skips NULLs in generated code, where an array
-    # compacted by a higher-order function is evaluated interpreted (emits.matching).
-    matches: Column = F.lit("")
-    if sources:
-        case = None
-        for (topic, route_from), members in sources.items():
-            mine = F.col("in_topic") == F.lit(topic)
-            if route_from is not None:
-                mine = mine & (F.col("route_from") == F.lit(route_from))
-            part = _matches_of(members, checks)
-            case = F.when(mine, part) if case is None else case.when(mine, part)
-        matches = F.coalesce(case, F.lit(""))
-    return matches
-
-
 def rule_identity(i: Column, rows: Sequence[RuleRow]) -> dict[str, Column]:
     """The identity columns (rule_id, rule_version, rule_type, rule_name) of rule row
     `i` of `rows` (NULL when `i` is NULL)."""
@@ -217,7 +149,7 @@ def key_group(r: RuleRow) -> str:
 def key_rows(events: DataFrame, rows: Sequence[RuleRow], max_ahead_ms: int = 5_000,
              skipped_metric: str | Observation = "skipped_keyed",
              passing: Sequence[tuple[Column, Column]] = (),
-             threshold: Sequence[RuleRow] = ()) -> tuple[DataFrame, list[Slot]]:
+             unreadable: Column | None = None) -> tuple[DataFrame, list[Slot]]:
     """The stateful operator's input: one row per (event, key group with a rule the
     event enters), and the slots (per rule row, by its index) that say how to read it.
 
@@ -239,10 +171,9 @@ def key_rows(events: DataFrame, rows: Sequence[RuleRow], max_ahead_ms: int = 5_0
     one key are evaluated together instead (jvm_operator.py). Records that are not events
     (`_reason` set) enter no key group (job.py `event_rows` carries them as dead letters).
 
-    `threshold`: threshold rule rows, read in the same projections (each path once for
-    both kinds of rule): `_tm` is, per event, the indexes ("0,3,7") of those it passes
-    (match_list), for `passing` to carry; their unreadable values are observed with the
-    keyed rules'.
+    `unreadable`: array<string> per event, more `rule_id<SKIP_SEP>reason` entries to
+    observe with the keyed rules' (the threshold rules', judged by the rule-set
+    evaluator: rule_set.thresholds).
 
     `passing`: (condition, struct) pairs, each a row to carry through the operator
     unchanged where its condition holds (gid PASS_GID, the struct in `_pass`, NULL on
@@ -258,9 +189,7 @@ def key_rows(events: DataFrame, rows: Sequence[RuleRow], max_ahead_ms: int = 5_0
         events = events.filter(F.col("_reason").isNull())
     ts_paths = sorted({r.ts_path for r in rows if r.ts_path})
     val_paths = sorted({r.val_path for r in rows if r.val_path})
-    needs = _needs([*rows, *threshold])
-    events, fields = extract_paths(events, needs, {*ts_paths, *(r.ts_path for r in threshold if r.ts_path)},
-                                   to_json_path=str)
+    events, fields = extract_paths(events, _needs(rows), set(ts_paths), to_json_path=str)
     checks = _Checks(fields)
     tcol = {p: f"t{i}" for i, p in enumerate(ts_paths)}
     acol = {p: f"a{i}" for i, p in enumerate(ts_paths)}
@@ -331,9 +260,8 @@ def key_rows(events: DataFrame, rows: Sequence[RuleRow], max_ahead_ms: int = 5_0
     # part NULL when empty, so the joined entries hold no empty one).
     flags = [enters(n, r).alias(f"_e{n}") for n, r in enumerate(rows)]
     entries: list[Column] = []
-    judged = [*rows, *threshold]
-    unread = {c.path: u for r in judged for c in r.conditions if (u := checks.unreadable(c)) is not None}
-    blockable = [r for r in judged if any(checks.unreadable(c) is not None for c in r.conditions)]
+    unread = {c.path: u for r in rows for c in r.conditions if (u := checks.unreadable(c)) is not None}
+    blockable = [r for r in rows if any(checks.unreadable(c) is not None for c in r.conditions)]
     if blockable:
         # Looked for once per event; the rules' blocked tests run only for an event that has one.
         entries.append(F.when(_or(list(unread.values())), F.nullif(F.concat_ws(SKIPS_SEP, *[
@@ -347,9 +275,10 @@ def key_rows(events: DataFrame, rows: Sequence[RuleRow], max_ahead_ms: int = 5_0
             F.when(passes(r) & not_number(r.val_path),
                    F.lit(f"{r.rule_id}{SKIP_SEP}value at {r.val_path} is not a number"))
             for _, r in numeric if r.val_path]), F.lit(""))))
+    if unreadable is not None:
+        entries.append(F.nullif(F.array_join(unreadable, SKIPS_SEP), F.lit("")))
     events = events.select("*", *[e.alias(name) for name, e in shared.values()])
-    tm = [match_list(threshold, checks).alias("_tm")] if threshold else []
-    events = events.select("*", *flags, F.concat_ws(SKIPS_SEP, *entries).alias("_skips"), *tm)
+    events = events.select("*", *flags, F.concat_ws(SKIPS_SEP, *entries).alias("_skips"))
     pass_type = events.select(passing[0][1]).schema[0].dataType if passing else None
 
     # Step 3: per key group of the event's source, one struct; exploded into rows.

@@ -5,10 +5,12 @@ Plan of one micro-batch, one line from one scan of the input to one Kafka write:
   Kafka records (Spark's Kafka connector: the topics of the rules in force, offsets in
   the checkpoint)
     -> parse to VARIANT once
-    -> the rule set in force, compiled into the plan (compiled.py): each path read once
-       per event, each rule's conditions as generated code; per event one row per key
-       group (the velocity and correlation rules on one key expression) it enters,
-       plus one row, at most, of each of: its threshold matches (the rules' indexes),
+    -> the threshold rules in force judged by the rule-set evaluator (one JVM call per
+       event, engine/rule_set.py), the keyed rules compiled into the plan (compiled.py):
+       each path read once per event, each rule's conditions as generated code; per
+       event one row per key group (the velocity and correlation rules on one key
+       expression) it enters, plus one row, at most, of each of: its threshold matches
+       (the rules' indexes),
        its dead letter (a record that is no event), its context record for the
        correlation rules fed by a velocity rule (`event_rows`)
     -> the first keyed operator, keyed by (key group, bucket of the key): a Java
@@ -60,6 +62,7 @@ from pyspark.sql.streaming import StreamingQuery
 from spark_jobs.engine.correlation import correlation_members
 from spark_jobs.engine.detections import detection_id, detection_value, head_of, processed_clock
 from spark_jobs.engine.events import classify, parse_variant, with_reasons
+from spark_jobs.engine.rule_set import rule_set_spec, thresholds
 from spark_jobs.engine.velocity import velocity_members
 from spark_jobs.kafka import admin
 from spark_jobs.kafka.client_config import with_bootstrap
@@ -295,7 +298,8 @@ def event_rows(raw: DataFrame, rules: Sequence[RuleRow], fed: set[str], max_ahea
     - a record that is no event: once, kind "dead";
     - an event that passes threshold rules: once, kind "threshold", the indexes of the
       rules it passes in `rule_id` (`threshold_detections` makes them rows, behind the
-      operators): per event, not per (event, rule), across the shuffles;
+      operators): per event, not per (event, rule), across the shuffles. The rule-set
+      evaluator judges them (rule_set.thresholds), as it does in the backtest;
     - an event of a topic that the correlation rules fed by a velocity rule (`fed`)
       read as context: once, kind "context", judged by the second operator (`_chain`).
 
@@ -306,14 +310,17 @@ def event_rows(raw: DataFrame, rules: Sequence[RuleRow], fed: set[str], max_ahea
     event = F.col("_reason").isNull()
     threshold = threshold_of(rules)
     passing = [(~event, _carry(kind=F.lit("dead"), ts_ms=F.col("proc_ms"), reason=F.col("_reason")))]
+    unreadable = None
     if threshold:
-        passing.append((event & (F.col("_tm") != F.lit("")),
-                        _carry(kind=F.lit("threshold"), rule_id=F.col("_tm"), ts_ms=F.col("proc_ms"))))
+        raw = raw.withColumn("_th", thresholds(raw.sparkSession, F.col("topic"), F.col("v"), rule_set_spec(threshold)))
+        passing.append((event & (F.size("_th.m") > F.lit(0)),
+                        _carry(kind=F.lit("threshold"), rule_id=F.array_join("_th.m", ","), ts_ms=F.col("proc_ms"))))
+        unreadable = F.col("_th.u")
     if context_topics:
         passing.append((event & F.col("in_topic").isin(*context_topics),
                         _carry(kind=F.lit("context"), ts_ms=F.col("proc_ms"))))
     return key_rows(raw, keyed, max_ahead_ms=max_ahead_ms, skipped_metric=skipped_metric, passing=passing,
-                    threshold=threshold)
+                    unreadable=unreadable)
 
 
 def threshold_of(rules: Sequence[RuleRow]) -> list[RuleRow]:

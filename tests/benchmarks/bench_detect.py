@@ -1,6 +1,7 @@
 """Live job throughput and latency through the broker, mixed rule set.
 
     python tests/benchmarks/bench_detect.py [--rate 20000] [--seconds 60] [--users 2000] [--warmup 0]
+                                            [--rare-rules 0]
 
 Starts an embedded broker and `rulectl detect` (local[2]), publishes 50 threshold +
 10 velocity + 2 correlation rules (the backtest benchmark's set), produces events at
@@ -8,6 +9,10 @@ the target rate with `sent_ms` (produce time) in each event and event time = now
 consumes `events.processed`. Prints the sustained input rate the job kept up with
 (events / wall time from first produce until the job's lag is 0 again) and the p50/p99
 latency from produce to the detection landing on the sink topic.
+
+`--rare-rules N` publishes N more threshold rules, each asking for one user that about one
+event in ten thousand has (`user_id == "r<k>"`, amount > 10): a large rule set whose
+rules each match little, so the detections stay about the same as N grows.
 
 `--warmup S` first produces S seconds of the same load (events marked `warmup`, left out
 of every figure) and waits for the job to catch up: the figures are then those of a job
@@ -57,7 +62,18 @@ def consume_latencies(bootstrap: str, stop: threading.Event, out: list[float]) -
     c.close()
 
 
-def produce_events(bootstrap: str, rate: int, seconds: int, users: int, warmup: bool = False) -> float:
+RARE_SHARE = 1e-4  # of the events, per rare rule
+
+
+def rare_rules(n: int) -> list[dict]:
+    return [{"rule_id": f"rare_{k}", "version": "1", "rule_type": "threshold", "source_topic": "events.raw",
+             "owner": "bench", "conditions": [{"field": "user_id", "operator": "==", "value": f"r{k}"},
+                                              {"field": "amount", "operator": ">", "value": 10}]}
+            for k in range(n)]
+
+
+def produce_events(bootstrap: str, rate: int, seconds: int, users: int, warmup: bool = False,
+                   rare: int = 0) -> float:
     """`rate` events/s for `seconds` on events.raw (event time and `sent_ms` = now), and a
     context record per pair every 5000 events; returns the seconds it took. `warmup`:
     the events say so (left out of the latencies)."""
@@ -73,7 +89,8 @@ def produce_events(bootstrap: str, rate: int, seconds: int, users: int, warmup: 
             if ahead > 0:
                 time.sleep(ahead)
         now = int(time.time() * 1000)
-        ev = {"event_id": i, "type": types[rnd.randrange(4)], "user_id": f"u{rnd.randrange(users)}",
+        user = f"r{rnd.randrange(rare)}" if rare and rnd.random() < rare * RARE_SHARE else f"u{rnd.randrange(users)}"
+        ev = {"event_id": i, "type": types[rnd.randrange(4)], "user_id": user,
               "amount": rnd.randrange(1000), "merchant": f"m{rnd.randrange(50)}", "ts": now, "sent_ms": now}
         if warmup:
             ev["warmup"] = True
@@ -141,13 +158,15 @@ def main() -> None:
     ap.add_argument("--trigger-ms", type=int, default=500)
     ap.add_argument("--warmup", type=int, default=0, help="seconds of the same load first, left out of the figures")
     ap.add_argument("--timeout", type=int, default=1800, help="give up waiting for the job after this many seconds")
+    ap.add_argument("--rare-rules", type=int, default=0, help="more threshold rules, each matching ~1 event in 10k")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-detect-"))
     with EmbeddedBroker(port=free_port()) as broker:
         rules_dir = work / "rules"
         rules_dir.mkdir()
         make_rules(rules_dir)
-        rules = [parse_rule(r) for r in yaml.safe_load((rules_dir / "bench.yaml").read_text())]
+        rules = [parse_rule(r) for r in [*yaml.safe_load((rules_dir / "bench.yaml").read_text()),
+                                         *rare_rules(args.rare_rules)]]
         publish_rules(rules, broker.bootstrap)
         job = DetectJob(broker.bootstrap, work / "job", trigger_ms=args.trigger_ms)
         job.start(timeout=300)
@@ -156,14 +175,14 @@ def main() -> None:
         t = threading.Thread(target=consume_latencies, args=(broker.bootstrap, stop, lat), daemon=True)
         t.start()
         if args.warmup:
-            produce_events(broker.bootstrap, args.rate, args.warmup, args.users, warmup=True)
+            produce_events(broker.bootstrap, args.rate, args.warmup, args.users, warmup=True, rare=args.rare_rules)
             wait_caught_up(job, args.timeout)
         batches: dict[int, dict] = {}
         sampler = threading.Thread(target=sample_batches, args=(job, stop, batches), daemon=True)
         sampler.start()
         total = args.rate * args.seconds
         start = time.time()
-        produced_s = produce_events(broker.bootstrap, args.rate, args.seconds, args.users)
+        produced_s = produce_events(broker.bootstrap, args.rate, args.seconds, args.users, rare=args.rare_rules)
         wait_caught_up(job, args.timeout)
         done_s = time.time() - start
         time.sleep(3)
@@ -176,7 +195,7 @@ def main() -> None:
     figures = print_rate_and_latency(total, done_s, lat, "detection")
     figures.update(print_batches(batches), produced_s=round(produced_s, 1), caught_up_s=round(done_s, 1))
     append_result("detect", figures, rate=args.rate, seconds=args.seconds, users=args.users,
-                  trigger_ms=args.trigger_ms, warmup_s=args.warmup)
+                  trigger_ms=args.trigger_ms, warmup_s=args.warmup, rules=len(rules))
 
 
 if __name__ == "__main__":

@@ -72,9 +72,10 @@ BENCHES = {
     "detect": Bench(
         "bench_detect.py",
         "Live throughput and latency: an embedded broker and `rulectl detect`, events produced at a target "
-        "rate; the sustained rate and p50/p99 produce-to-detection latency; `--warmup S` leaves a first load out.",
+        "rate; the sustained rate and p50/p99 produce-to-detection latency; `--warmup S` leaves a first load out; "
+        "`--rare-rules N` adds N threshold rules that each match about one event in ten thousand.",
         f"{PY}bench_detect.py --rate 20000 --seconds 30 --users 2000 --warmup 20",
-        [("rate", "target events/s"), ("seconds", "s"), ("warmup_s", "warm-up s")],
+        [("rate", "target events/s"), ("seconds", "s"), ("warmup_s", "warm-up s"), ("rules", "rules")],
         [("events_per_s", "sustained events/s"), ("latency_p50_s", "p50 s"), ("latency_p99_s", "p99 s")]),
     "backlog": Bench(
         "bench_backlog.py",
@@ -156,6 +157,16 @@ BENCHES = {
          ("spark_archive_cpu_s", "Spark CPU s"), ("spark_none_cpu_s", "without"),
          ("broker_archive_wall_s", "broker wall s"), ("broker_none_wall_s", "without"),
          ("broker_archive_cpu_s", "broker CPU s"), ("broker_none_cpu_s", "without")]),
+    "rule_set": Bench(
+        "bench_rule_set.py",
+        "Threshold rules judged by the JVM rule-set evaluator (one call per event, rules as data) and by every "
+        "rule compiled into the plan as Spark expressions (the form before it), on the same cached events, as "
+        "the rule count grows (the benchmark's 50 plus rules that each ask for a user no event has); wall "
+        "seconds to plan and count the matches, median of 3 warm runs.",
+        f"{PY}bench_rule_set.py --events 200000",
+        [("events", "events")],
+        [(f"{k}_{n}", f"{n} rules: {t}") for n in (50, 300, 1000)
+         for k, t in (("evaluator_s", "evaluator s"), ("expressions_s", "expressions s"), ("agree", "same matches"))]),
     "real_time_mode": Bench(
         "bench_real_time_mode.py",
         "Which of the live job's operator kinds Spark's real-time mode accepts on the pinned Spark, and when "

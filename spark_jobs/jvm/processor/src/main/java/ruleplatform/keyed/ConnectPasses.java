@@ -27,6 +27,7 @@ import org.sparkproject.connect.protobuf.CodedInputStream;
 public final class ConnectPasses implements RelationPlugin {
     static final String VELOCITY = "ruleplatform.keyed.BatchVelocity.fired";
     static final String CORRELATION = "ruleplatform.keyed.BatchCorrelation.judged";
+    static final String THRESHOLDS = "ruleplatform.rules.Evaluate.thresholdPass";
     private static final int RECURSION_LIMIT = 10_000;
 
     @Override
@@ -54,12 +55,15 @@ public final class ConnectPasses implements RelationPlugin {
         }
         String pass = literal(project.getExpressions(0));
         String spec = literal(project.getExpressions(1));
-        if (pass == null || spec == null || !(VELOCITY.equals(pass) || CORRELATION.equals(pass))) {
+        if (pass == null || spec == null
+                || !(VELOCITY.equals(pass) || CORRELATION.equals(pass) || THRESHOLDS.equals(pass))) {
             return Optional.empty();
         }
         Dataset<Row> in = org.apache.spark.sql.classic.Dataset.ofRows(planner.session(),
                 planner.transformRelation(project.getInput()));
-        Dataset<Row> out = VELOCITY.equals(pass) ? BatchVelocity.fired(in, spec) : BatchCorrelation.judged(in, spec);
+        Dataset<Row> out = VELOCITY.equals(pass) ? BatchVelocity.fired(in, spec)
+                : CORRELATION.equals(pass) ? BatchCorrelation.judged(in, spec)
+                : ruleplatform.rules.Evaluate.thresholdPass(in, spec);
         return Optional.of(((org.apache.spark.sql.classic.Dataset<Row>) out).logicalPlan());
     }
 

@@ -1,0 +1,219 @@
+package ruleplatform.rules;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.ObjectMapper;
+import java.io.IOException;
+import java.io.UncheckedIOException;
+import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+import org.apache.spark.types.variant.Variant;
+import org.apache.spark.unsafe.types.VariantVal;
+
+/**
+ * One version of the rule set, compiled once into an index the plan calls per event: an
+ * event meets only its topic's rules, and of those only the ones whose equality tests on
+ * a string its fields could pass (a discrimination index, as rules engines keep), so the
+ * cost follows the events and their matches, not the number of rules in force.
+ *
+ * Built from the rule set's spec (spark_jobs/engine/rule_set.py): the rule model
+ * decides what each rule value is; here it is only tested.
+ */
+public final class RuleSet {
+    private static final ObjectMapper JSON = new ObjectMapper();
+
+    /** A compiled threshold rule: its index in the spec and its conditions (ANDed). */
+    static final class Rule {
+        final int index;
+        final String id;
+        final Condition[] conditions;
+
+        Rule(int index, String id, Condition[] conditions) {
+            this.index = index;
+            this.id = id;
+            this.conditions = conditions;
+        }
+    }
+
+    /** The rules of one topic: indexed under one string equality each, or always tested. */
+    static final class Topic {
+        final List<String[]> indexedPaths = new ArrayList<>();
+        final List<Map<String, List<Rule>>> byValue = new ArrayList<>();
+        final List<Rule> always = new ArrayList<>();
+
+        void add(Rule r) {
+            Condition eq = null;
+            for (Condition c : r.conditions) {
+                if (c.kind == Condition.Kind.STR && "==".equals(c.op)) {
+                    eq = c;
+                    break;
+                }
+            }
+            if (eq == null) {
+                always.add(r);
+                return;
+            }
+            int slot = slotOf(eq.path);
+            byValue.get(slot).computeIfAbsent(eq.str, k -> new ArrayList<>()).add(r);
+        }
+
+        private int slotOf(String[] path) {
+            for (int i = 0; i < indexedPaths.size(); i++) {
+                if (java.util.Arrays.equals(indexedPaths.get(i), path)) {
+                    return i;
+                }
+            }
+            indexedPaths.add(path);
+            byValue.add(new HashMap<>());
+            return indexedPaths.size() - 1;
+        }
+    }
+
+    private final Map<String, Topic> topics;
+
+    private RuleSet(Map<String, Topic> topics) {
+        this.topics = topics;
+    }
+
+    /**
+     * `{"threshold": [{"id", "topic", "conditions": [cond spec, ..]}, ..]}`
+     * (spark_jobs/engine/rule_set.py).
+     */
+    public static RuleSet compile(String specJson) {
+        JsonNode spec;
+        try {
+            spec = JSON.readTree(specJson);
+        } catch (IOException e) {
+            throw new UncheckedIOException(e);
+        }
+        Map<String, Topic> topics = new LinkedHashMap<>();
+        JsonNode rules = spec.path("threshold");
+        for (int i = 0; i < rules.size(); i++) {
+            JsonNode r = rules.get(i);
+            JsonNode cs = r.get("conditions");
+            Condition[] conditions = new Condition[cs.size()];
+            for (int k = 0; k < conditions.length; k++) {
+                conditions[k] = Condition.of(cs.get(k));
+            }
+            topics.computeIfAbsent(r.get("topic").asText(), t -> new Topic())
+                .add(new Rule(i, r.get("id").asText(), conditions));
+        }
+        return new RuleSet(topics);
+    }
+
+    /** What the threshold rules made of one event. */
+    public static final class Judged {
+        /** The indexes (in the spec's order) of the rules it passes. */
+        public final int[] matches;
+        /** `rule id` US `reason` per rule that only a value it cannot read kept it from passing. */
+        public final String[] unreadable;
+
+        Judged(int[] matches, String[] unreadable) {
+            this.matches = matches;
+            this.unreadable = unreadable;
+        }
+    }
+
+    private static final Judged NONE = new Judged(new int[0], new String[0]);
+    /** Separates a rule id from its reason in an unreadable entry (the job's status adds them up). */
+    public static final String UNREAD_SEP = "\u001f";
+
+    /**
+     * The threshold rules of `topic` judged on event `v`: the ones it passes, and the ones
+     * it failed only for a value they cannot read (a present value that is no number where
+     * a condition orders numbers), with the first such path in the reason.
+     */
+    public Judged thresholds(String topic, VariantVal v) {
+        Topic t = topics.get(topic);
+        if (t == null || v == null) {
+            return NONE;
+        }
+        Event e = new Event(new Variant(v.getValue(), v.getMetadata()));
+        List<Rule> hits = new ArrayList<>();
+        List<String> unread = null;
+        List<Rule> tested = new ArrayList<>(t.always);
+        for (int i = 0; i < t.indexedPaths.size(); i++) {
+            String s = e.value(t.indexedPaths.get(i)).string();
+            List<Rule> candidates = s == null ? null : t.byValue.get(i).get(s);
+            if (candidates != null) {
+                tested.addAll(candidates);
+            }
+        }
+        for (Rule r : tested) {
+            if (e.passes(r)) {
+                hits.add(r);
+                continue;
+            }
+            String blocked = e.blockedBy(r.conditions);
+            if (blocked != null) {
+                if (unread == null) {
+                    unread = new ArrayList<>();
+                }
+                unread.add(r.id + UNREAD_SEP + "value at " + blocked + " is not a number");
+            }
+        }
+        int[] out = new int[hits.size()];
+        for (int i = 0; i < out.length; i++) {
+            out[i] = hits.get(i).index;
+        }
+        java.util.Arrays.sort(out);
+        return new Judged(out, unread == null ? NONE.unreadable : unread.toArray(new String[0]));
+    }
+
+    /** One event's values, each path read once whatever number of rules test it. */
+    static final class Event {
+        private final Variant root;
+        private final Map<String, Value> values = new HashMap<>();
+
+        Event(Variant root) {
+            this.root = root;
+        }
+
+        Value value(String[] path) {
+            String key = String.join("\u0000", path);
+            Value x = values.get(key);
+            if (x == null) {
+                x = Value.at(root, path);
+                values.put(key, x);
+            }
+            return x;
+        }
+
+        boolean passes(Rule r) {
+            return passes(r.conditions);
+        }
+
+        /**
+         * The path of the first condition whose value is unreadable, when every condition
+         * either passes or is unreadable (an event that fails the rule anyway was not
+         * kept from it by the unreadable value); else null.
+         */
+        String blockedBy(Condition[] conditions) {
+            String first = null;
+            for (Condition c : conditions) {
+                Value x = value(c.path);
+                if (c.test(x)) {
+                    continue;
+                }
+                if (!c.unreadable(x)) {
+                    return null;
+                }
+                if (first == null) {
+                    first = c.text;
+                }
+            }
+            return first;
+        }
+
+        boolean passes(Condition[] conditions) {
+            for (Condition c : conditions) {
+                if (!c.test(value(c.path))) {
+                    return false;
+                }
+            }
+            return true;
+        }
+    }
+}
