@@ -2,9 +2,10 @@
 the live job's own resolution and judgement in the JVM (`BatchCorrelation`, over
 Correlation.resolve/judge in spark_jobs/jvm/processor).
 
-Here, in Spark SQL, the rule's primaries and context records are read (field reads,
-the context type filter) and unioned; the pass sorts them per key by (time, context
-first, arrival) and judges each primary against the context in [t - lookback, t].
+Here, in Spark SQL, each rule's primaries and context records are read (field reads,
+the context type filter) and unioned with every other rule's; the pass sorts them per
+(rule, key) by (time, context first, arrival) and judges each primary against the
+context in [t - lookback, t].
 Because the backtest sees all context regardless of arrival order, a primary that
 arrived before its context is judged against it, which is what the live job reaches
 by holding such primaries until the watermark passes them.
@@ -19,8 +20,9 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from spark_jobs.engine.conditions import compare
-from spark_jobs.engine.emits import extra, json_member, json_number, json_string, select_emits
+from spark_jobs.engine.emits import extra, json_member, json_number, json_string, rule_table
 from spark_jobs.engine.events import dead_letters
+from spark_jobs.engine.frames import union_all
 from spark_jobs.engine.jvm_pass import run_pass
 from spark_jobs.engine.values import Fields
 from spark_jobs.rules.model import CorrelationRule
@@ -29,9 +31,9 @@ from spark_jobs.streaming.jvm_operator import rule_spec
 
 @dataclass
 class CorrelationOutput:
-    emits: DataFrame
+    emits: DataFrame  # EMIT_COLUMNS
     dead: DataFrame
-    primaries: DataFrame  # counted for the summary ("events evaluated")
+    primaries: dict[str, DataFrame]  # rule id -> its primaries, counted for the summary ("events evaluated")
 
 
 def _primaries(source: DataFrame, rule: CorrelationRule, fields: Fields) -> tuple[DataFrame, DataFrame]:
@@ -83,33 +85,43 @@ def correlation_members(ctx_json: Column, metric: Column, metric_value: Column, 
     )
 
 
-def correlation_rule(
-    events: DataFrame, rule: CorrelationRule, fields: Fields, primaries_from: tuple[DataFrame, Fields] | None = None
+def correlation_rules(
+    events: DataFrame, rules: list[CorrelationRule], fields: Fields,
+    primaries_from: dict[str, tuple[DataFrame, Fields]] | None = None,
 ) -> CorrelationOutput:
-    """Evaluate one correlation rule; `primaries_from` (events and their Fields) replaces
-    the source topic's events when the rule takes its primaries from a velocity rule
-    (velocity_filter_rule_id)."""
-    if primaries_from is None:
-        primaries_from = (events.filter(F.col("topic") == rule.source_topic), fields)
-    source, source_fields = primaries_from
-    prim, dead = _primaries(source, rule, source_fields)
-    ctx, ctx_dead = _context(events, rule, fields)
+    """Evaluate the correlation rules in one pass (one shuffle and sort for all of them);
+    `primaries_from` (rule id -> events and their Fields) replaces a rule's source topic
+    events when it takes its primaries from a velocity rule (velocity_filter_rule_id)."""
+    primaries_from = primaries_from or {}
     null_s, null_d = F.lit(None).cast("string"), F.lit(None).cast("double")
-    union = prim.select(
-        "k", "ts_ms", "seq", F.lit(False).alias("is_ctx"), "topic", "raw", "ev",
-        null_d.alias("cnum"), null_s.alias("cjson"), null_s.alias("craw"),
-    ).unionByName(
-        ctx.select(
-            "k", "ts_ms", "seq", F.lit(True).alias("is_ctx"), null_s.alias("topic"), null_s.alias("raw"),
-            null_d.alias("ev"), "cnum", "cjson", "craw",
-        )
-    )
-    judged = run_pass(union, "correlation", json.dumps(rule_spec(rule, signature=""), allow_nan=False))
+    rows: list[DataFrame] = []
+    dead: list[DataFrame] = []
+    primaries: dict[str, DataFrame] = {}
+    for i, rule in enumerate(rules):
+        source, source_fields = primaries_from.get(rule.rule_id) or (
+            events.filter(F.col("topic") == rule.source_topic), fields)
+        prim, prim_dead = _primaries(source, rule, source_fields)
+        ctx, ctx_dead = _context(events, rule, fields)
+        dead += [prim_dead, ctx_dead]
+        primaries[rule.rule_id] = prim
+        r = F.lit(i).alias("r")
+        rows += [
+            prim.select(r, "k", "ts_ms", "seq", F.lit(False).alias("is_ctx"), "topic", "raw", "ev",
+                        null_d.alias("cnum"), null_s.alias("cjson"), null_s.alias("craw")),
+            ctx.select(r, "k", "ts_ms", "seq", F.lit(True).alias("is_ctx"), null_s.alias("topic"),
+                       null_s.alias("raw"), null_d.alias("ev"), "cnum", "cjson", "craw"),
+        ]
+    spec = {"rules": [rule_spec(rule, signature="") for rule in rules]}
+    judged = run_pass(union_all(rows), "correlation", json.dumps(spec, allow_nan=False))
+    meta = F.element_at(rule_table(rules, metric=[r.metric for r in rules],
+                                   emit_context=[str(r.emit_mode in ("context", "both")).lower() for r in rules]),
+                        F.col("_i") + 1)
     # Under mean and mean_std the context value is the mean (the pass gives it as a number).
     ctx_json = F.coalesce(F.col("ctx_json"), json_number(F.col("ctx_num")))
-    members = correlation_members(
-        ctx_json, F.lit(rule.metric), F.col("metric_value"), F.col("ctx_record"),
-        F.lit(rule.emit_mode in ("context", "both")),
+    members = correlation_members(ctx_json, meta["metric"], F.col("metric_value"), F.col("ctx_record"),
+                                  meta["emit_context"] == F.lit("true"))
+    emits = judged.select(
+        *[meta[c].alias(c) for c in ("rule_id", "rule_version", "rule_type", "rule_name")],
+        "topic", "seq", "ts_ms", "raw", members.alias("extra"), meta["head"].alias("head"),
     )
-    emits = select_emits(judged, rule, F.col("ts_ms"), members)
-    return CorrelationOutput(emits, dead.unionByName(ctx_dead), prim)
+    return CorrelationOutput(emits, union_all(dead), primaries)

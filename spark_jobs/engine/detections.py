@@ -48,7 +48,7 @@ def processed_clock() -> Column:
 
 def head_of(emits: DataFrame) -> Column:
     """The rule members of `emits`: its `head` column when the producer rendered it
-    (rules known at planning time, see emits.literal_head), else built per row."""
+    (rules known at planning time, see emits.rule_table), else built per row."""
     if "head" in emits.columns:
         return F.col("head")
     return rule_head(F.col("rule_id"), F.col("rule_version"), F.col("rule_type"), F.col("rule_name"))

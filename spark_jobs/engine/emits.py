@@ -18,15 +18,6 @@ from spark_jobs.rules.model import AnyRule
 EMIT_COLUMNS = ["rule_id", "rule_version", "rule_type", "rule_name", "topic", "seq", "ts_ms", "raw", "extra"]
 
 
-def rule_meta(rule: AnyRule) -> list[Column]:
-    return [
-        F.lit(rule.rule_id).alias("rule_id"),
-        F.lit(rule.version).alias("rule_version"),
-        F.lit(rule.rule_type).alias("rule_type"),
-        F.lit(rule.name).cast("string").alias("rule_name"),
-    ]
-
-
 def json_member(name: str, json_value: Column) -> Column:
     """`"name":<json>`; a NULL value renders as JSON null."""
     return F.concat(F.lit(f'"{name}":'), F.coalesce(json_value, F.lit("null")))
@@ -48,7 +39,7 @@ def extra(*members: Column) -> Column:
 
 def rule_head(rule_id: Column, version: Column, rule_type: Column, name: Column) -> Column:
     """The members of a detection that name its rule (`"rule_id":...,"rule_name":...`),
-    per row, for rules that are data (the live job); see `literal_head`."""
+    per row, for rules that are data (the live job); see `rule_table`."""
     return F.concat_ws(
         ",",
         json_member("rule_id", json_string(rule_id)),
@@ -65,16 +56,8 @@ def _head_text(rule: AnyRule) -> str:
     return ",".join(f'"{k}":{json.dumps(v, ensure_ascii=False)}' for k, v in members)
 
 
-def literal_head(rule: AnyRule) -> Column:
-    """`rule_head` of a rule known at planning time, rendered here once (one Py4J call,
-    where the Column form costs dozens per rule in a 60-rule plan). JSON text equal in
-    value to the Column form's; only the hex case of escaped control characters could
-    differ."""
-    return F.lit(_head_text(rule)).alias("head")
-
-
 def rule_table(rules: list[AnyRule], **extra: list[str]) -> Column:
-    """The rules' `rule_meta` and `literal_head` (and `extra` string fields, one value
+    """The rules' identity columns and `head` (and `extra` string fields, one value
     per rule) as one literal array of structs, looked up by a rule's index.
 
     Written as JSON text and read with from_json, which Spark folds into a literal when
@@ -108,10 +91,4 @@ def explode_matching(df: DataFrame, matches: Column, keep: list[str], name: str 
         df.select(*keep, F.explode(F.split(matches, ",")).alias("_m"))
         .filter(F.col("_m") != F.lit(""))
         .select(*keep, F.col("_m").cast("int").alias(name))
-    )
-
-
-def select_emits(df: DataFrame, rule: AnyRule, ts_ms: Column, extra_json: Column) -> DataFrame:
-    return df.select(
-        *rule_meta(rule), "topic", "seq", ts_ms.alias("ts_ms"), "raw", extra_json.alias("extra"), literal_head(rule)
     )

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from spark_jobs.engine.correlation import correlation_rule
+from spark_jobs.engine.correlation import correlation_rules
 from spark_jobs.engine.detections import render
 from spark_jobs.engine.emits import EMIT_COLUMNS
 from spark_jobs.engine.frames import union_all
@@ -64,15 +64,17 @@ def evaluate(events: DataFrame, rules: list[AnyRule], fields: Fields | None = No
     if vel.emits is not None:
         emits.append(vel.emits)
 
-    for rule in (r for r in rules if isinstance(r, CorrelationRule)):
-        source = None
+    correlation = [r for r in rules if isinstance(r, CorrelationRule)]
+    sources: dict[str, tuple[DataFrame, Fields]] = {}
+    for rule in correlation:
         if rule.velocity_filter_rule_id is not None:
             routed = result.routed.get(rule.velocity_filter_rule_id)
             # A disabled or absent velocity rule routes nothing: no primaries at all.
-            source = extract_fields(routed, [rule]) if routed is not None else (events.limit(0), fields)
-        out = correlation_rule(events, rule, fields, source)
+            sources[rule.rule_id] = extract_fields(routed, [rule]) if routed is not None else (events.limit(0), fields)
+    if correlation:
+        out = correlation_rules(events, correlation, fields, sources)
         result.dead_letters.append(out.dead)
-        result.primaries[rule.rule_id] = out.primaries
+        result.primaries.update(out.primaries)
         emits.append(out.emits)
 
     none = F.lit(None).cast("string").alias("reason")

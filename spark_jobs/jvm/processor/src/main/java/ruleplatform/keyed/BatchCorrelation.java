@@ -1,5 +1,6 @@
 package ruleplatform.keyed;
 
+import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
 import java.io.IOException;
 import java.io.UncheckedIOException;
@@ -17,10 +18,11 @@ import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.types.StructType;
 
 /**
- * The backtest's correlation rule (spark_jobs/engine/correlation.py) with the live job's
+ * The backtest's correlation rules (spark_jobs/engine/correlation.py) with the live job's
  * own resolution and judgement ({@link Correlation#resolve}, {@link Correlation#judge}),
- * in one pass over the rule's primaries and context sorted by (key, time, context
- * first, arrival).
+ * in one pass over every rule's primaries and context sorted by (rule, key, time,
+ * context first, arrival): one shuffle and one sort for the whole rule set, not one per
+ * rule.
  *
  * A backtest is one batch that holds every record: a primary sees all context of its key
  * in [t - lookback, t] whatever the arrival order, which the live job reaches by holding
@@ -34,6 +36,7 @@ public final class BatchCorrelation {
 
     /** What correlation.py renders a detection from: the primary and its judgement. */
     public static final StructType OUTPUT_SCHEMA = new StructType(new StructField[] {
+        DataTypes.createStructField("_i", DataTypes.IntegerType, false),
         DataTypes.createStructField("topic", DataTypes.StringType, true),
         DataTypes.createStructField("seq", DataTypes.LongType, true),
         DataTypes.createStructField("raw", DataTypes.StringType, true),
@@ -45,30 +48,37 @@ public final class BatchCorrelation {
     });
 
     /**
-     * The primaries of `rows` that fire under the rule `ruleJson` (jvm_operator.rule_spec).
-     * `rows`: k, ts_ms, seq, is_ctx, topic, raw, ev (the primary's value), cnum, cjson,
-     * craw (the context's value as a number and as JSON text, and its record); k and
-     * ts_ms not null.
+     * The primaries of `rows` that fire under their rule of `specJson` ({"rules": [rule,
+     * ..]}, each jvm_operator.rule_spec), with the rule's index in `_i`.
+     * `rows`: r (the rule's index), k, ts_ms, seq, is_ctx, topic, raw, ev (the primary's
+     * value), cnum, cjson, craw (the context's value as a number and as JSON text, and its
+     * record); r, k and ts_ms not null.
      */
-    public static Dataset<Row> judged(Dataset<Row> rows, String ruleJson) {
-        Dataset<Row> sorted = rows.repartition(rows.col("k"))
-                .sortWithinPartitions(rows.col("k"), rows.col("ts_ms"), rows.col("is_ctx").desc(), rows.col("seq"));
-        return sorted.mapPartitions(new Pass(ruleJson, sorted.schema()), Encoders.row(OUTPUT_SCHEMA));
+    public static Dataset<Row> judged(Dataset<Row> rows, String specJson) {
+        Dataset<Row> sorted = rows.repartition(rows.col("r"), rows.col("k")).sortWithinPartitions(
+                rows.col("r"), rows.col("k"), rows.col("ts_ms"), rows.col("is_ctx").desc(), rows.col("seq"));
+        return sorted.mapPartitions(new Pass(specJson, sorted.schema()), Encoders.row(OUTPUT_SCHEMA));
     }
 
     private static final ObjectMapper JSON = new ObjectMapper();
 
-    static RuleSpec rule(String ruleJson) {
+    static RuleSpec[] rules(String specJson) {
         try {
-            return new RuleSpec(JSON.readTree(ruleJson));
+            JsonNode rules = JSON.readTree(specJson).get("rules");
+            RuleSpec[] out = new RuleSpec[rules.size()];
+            for (int i = 0; i < out.length; i++) {
+                out[i] = new RuleSpec(rules.get(i));
+            }
+            return out;
         } catch (IOException e) {
             throw new UncheckedIOException(e);
         }
     }
 
-    /** One partition's pass; holds column indexes and the rule's text. */
+    /** One partition's pass; holds column indexes and the spec's text. */
     static final class Pass implements MapPartitionsFunction<Row, Row> {
-        private final String ruleJson;
+        private final String specJson;
+        private final int rule;
         private final int key;
         private final int ts;
         private final int seq;
@@ -80,8 +90,9 @@ public final class BatchCorrelation {
         private final int cjson;
         private final int craw;
 
-        Pass(String ruleJson, StructType schema) {
-            this.ruleJson = ruleJson;
+        Pass(String specJson, StructType schema) {
+            this.specJson = specJson;
+            rule = schema.fieldIndex("r");
             key = schema.fieldIndex("k");
             ts = schema.fieldIndex("ts_ms");
             seq = schema.fieldIndex("seq");
@@ -104,10 +115,11 @@ public final class BatchCorrelation {
 
         @Override
         public Iterator<Row> call(Iterator<Row> in) {
-            RuleSpec rule = rule(ruleJson);
+            RuleSpec[] rules = rules(specJson);
             ArrayDeque<Ev> context = new ArrayDeque<>();
             return new Iterator<>() {
                 private Row next;
+                private int currentRule;
                 private Object current;
                 private boolean started;
 
@@ -130,29 +142,32 @@ public final class BatchCorrelation {
                 }
 
                 private Row take(Row row) {
+                    int r = row.getInt(rule);
                     Object k = row.get(key);
-                    if (!started || !Objects.equals(k, current)) {
+                    if (!started || r != currentRule || !Objects.equals(k, current)) {
                         context.clear();
+                        currentRule = r;
                         current = k;
                         started = true;
                     }
+                    RuleSpec spec = rules[r];
                     long t = row.getLong(ts);
                     if (row.getBoolean(isCtx)) {
                         context.addLast(new Ev("context", true, t, seqOf(row), null, row.getString(craw),
                                 num(row, cnum), row.getString(cjson), null));
                         return null;
                     }
-                    while (!context.isEmpty() && context.peekFirst().ts < t - rule.lookbackMs) {
+                    while (!context.isEmpty() && context.peekFirst().ts < t - spec.lookbackMs) {
                         context.pollFirst();
                     }
                     Ev primary = new Ev("primary", true, t, seqOf(row), row.getString(topic), row.getString(raw),
                             num(row, ev), null, null);
-                    Correlation.Resolved resolved = Correlation.resolve(rule, context, t);
-                    Emit e = resolved == null ? null : Correlation.judge(rule, primary, resolved);
+                    Correlation.Resolved resolved = Correlation.resolve(spec, context, t);
+                    Emit e = resolved == null ? null : Correlation.judge(spec, primary, resolved);
                     if (e == null) {
                         return null;
                     }
-                    return RowFactory.create(primary.topic, primary.seq, primary.raw, t, e.ctxNum, e.ctxJson,
+                    return RowFactory.create(r, primary.topic, primary.seq, primary.raw, t, e.ctxNum, e.ctxJson,
                             e.metricValue, e.ctxRecord);
                 }
             };
