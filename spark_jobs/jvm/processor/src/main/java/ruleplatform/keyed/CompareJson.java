@@ -5,6 +5,7 @@ import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
 import com.fasterxml.jackson.databind.json.JsonMapper;
 import java.util.regex.Pattern;
+import ruleplatform.rules.Condition;
 
 /**
  * The rule language's comparison (spark_jobs/engine/conditions.py compare_spec) for a correlation's `last` context value
@@ -38,22 +39,7 @@ final class CompareJson {
         }
         String op = rule.condOp;
         if ("num".equals(rule.condKind)) {
-            Double a = pyNumber(x);
-            double num = rule.condNum;
-            if ("!=".equals(op)) {
-                return a == null || a != num;
-            }
-            if (a == null) {
-                return false;
-            }
-            switch (op) {
-                case "==": return a == num;
-                case ">": return a > num;
-                case "<": return a < num;
-                case ">=": return a >= num;
-                case "<=": return a <= num;
-                default: return false;
-            }
+            return Condition.compareNumbers(op, pyNumber(x), rule.condNum);
         }
         if (!"==".equals(op) && !"!=".equals(op)) {
             return false;

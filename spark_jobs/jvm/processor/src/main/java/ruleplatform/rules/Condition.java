@@ -10,7 +10,7 @@ import com.fasterxml.jackson.databind.JsonNode;
  * `==` and `!=` apply, comparing a boolean rule value with a JSON boolean and any other
  * rule value, as a string, with a JSON string.
  */
-final class Condition {
+public final class Condition {
     /** The rule value's kind decides the comparison. */
     enum Kind { NUM, STR, BOOL }
 
@@ -59,26 +59,34 @@ final class Condition {
         return kind == Kind.NUM && !"==".equals(op) && !"!=".equals(op) && x.present() && x.number() == null;
     }
 
+    /**
+     * `a op num` for a rule value that is a number: `a` null (no number) fails every
+     * operator but `!=`. Also the keyed operators' comparison of a correlation's context
+     * value (keyed.CompareJson), so the two cannot drift apart.
+     */
+    public static boolean compareNumbers(String op, Double a, double num) {
+        if ("!=".equals(op)) {
+            return a == null || a != num;
+        }
+        if (a == null) {
+            return false;
+        }
+        switch (op) {
+            case "==": return a == num;
+            case ">": return a > num;
+            case "<": return a < num;
+            case ">=": return a >= num;
+            case "<=": return a <= num;
+            default: return false;
+        }
+    }
+
     boolean test(Value x) {
         if (!x.present()) {
             return false;
         }
         if (kind == Kind.NUM) {
-            Double a = x.number();
-            if ("!=".equals(op)) {
-                return a == null || a != num;
-            }
-            if (a == null) {
-                return false;
-            }
-            switch (op) {
-                case "==": return a == num;
-                case ">": return a > num;
-                case "<": return a < num;
-                case ">=": return a >= num;
-                case "<=": return a <= num;
-                default: return false;
-            }
+            return compareNumbers(op, x.number(), num);
         }
         boolean same = kind == Kind.BOOL ? (bool ? "true" : "false").equals(x.json()) : str.equals(x.string());
         switch (op) {
