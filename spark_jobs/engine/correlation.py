@@ -20,7 +20,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from spark_jobs.engine.conditions import compare
-from spark_jobs.engine.emits import extra, json_member, json_number, json_string, rule_table
+from spark_jobs.engine.emits import extra, json_member, json_number, json_string, rule_emits, rule_table
 from spark_jobs.engine.events import dead_letters
 from spark_jobs.engine.frames import union_all
 from spark_jobs.engine.jvm_pass import run_pass
@@ -120,8 +120,4 @@ def correlation_rules(
     ctx_json = F.coalesce(F.col("ctx_json"), json_number(F.col("ctx_num")))
     members = correlation_members(ctx_json, meta["metric"], F.col("metric_value"), F.col("ctx_record"),
                                   meta["emit_context"] == F.lit("true"))
-    emits = judged.select(
-        *[meta[c].alias(c) for c in ("rule_id", "rule_version", "rule_type", "rule_name")],
-        "topic", "seq", "ts_ms", "raw", members.alias("extra"), meta["head"].alias("head"),
-    )
-    return CorrelationOutput(emits, union_all(dead), primaries)
+    return CorrelationOutput(rule_emits(judged, meta, F.col("ts_ms"), members), union_all(dead), primaries)

@@ -72,6 +72,15 @@ def rule_table(rules: list[AnyRule], **extra: list[str]) -> Column:
     return F.from_json(F.lit(json.dumps(rows)), f"array<struct<{fields}>>")
 
 
+def rule_emits(df: DataFrame, meta: Column, ts_ms: Column, extra_json: Column, *more: str) -> DataFrame:
+    """EMIT_COLUMNS and `head` of `df`'s rows, each naming its rule by `meta` (its entry
+    of a `rule_table`), and the columns `more`."""
+    return df.select(
+        *[meta[c].alias(c) for c in ("rule_id", "rule_version", "rule_type", "rule_name")],
+        "topic", "seq", ts_ms.alias("ts_ms"), "raw", extra_json.alias("extra"), meta["head"].alias("head"), *more,
+    )
+
+
 def matching(flags: list[Column]) -> Column:
     """The indexes of the true `flags` as text, "0,3" ("" when none).
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from spark_jobs.engine.emits import rule_table
+from spark_jobs.engine.emits import rule_emits, rule_table
 from spark_jobs.engine.jvm_pass import run_pass
 from spark_jobs.engine.rule_set import rule_set_spec, threshold_rows
 from spark_jobs.rules.model import AnyRule, ThresholdRule
@@ -38,12 +38,5 @@ def threshold_emits(events: DataFrame, rules: list[AnyRule]) -> DataFrame | None
     if MATCHES not in events.columns:
         events = with_threshold_matches(events, th)
     m = F.element_at(rule_table(th), F.col("_i") + 1)
-    return events.select("topic", "seq", "raw", "proc_ms", F.explode(MATCHES).alias("_i")).select(
-        *[m[c].alias(c) for c in ("rule_id", "rule_version", "rule_type", "rule_name")],
-        "topic",
-        "seq",
-        F.col("proc_ms").alias("ts_ms"),
-        "raw",
-        F.lit("").alias("extra"),
-        m["head"].alias("head"),
-    )
+    matched = events.select("topic", "seq", "raw", "proc_ms", F.explode(MATCHES).alias("_i"))
+    return rule_emits(matched, m, F.col("proc_ms"), F.lit(""))

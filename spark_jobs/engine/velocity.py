@@ -33,6 +33,7 @@ from spark_jobs.engine.emits import (
     json_number,
     json_string,
     matching,
+    rule_emits,
     rule_table,
 )
 from spark_jobs.engine.frames import union_all
@@ -170,13 +171,7 @@ def velocity_rules(events: DataFrame, rules: list[VelocityRule], fields: Fields)
         meta = rule_table(rs, agg_type=[r.aggregation_type for r in rs])
         m = F.element_at(meta, F.col("_i") + 1)
         emitted = fired.filter(F.col("_i").isin(sink)) if len(sink) < len(rs) else fired
-        emits.append(emitted.select(
-            *[m[c].alias(c) for c in ("rule_id", "rule_version", "rule_type", "rule_name")],
-            "topic", "seq", "ts_ms", "raw",
-            velocity_members(m["agg_type"], F.col("agg")).alias("extra"),
-            m["head"].alias("head"),
-            "reason",
-        ))
+        emits.append(rule_emits(emitted, m, F.col("ts_ms"), velocity_members(m["agg_type"], F.col("agg")), "reason"))
     out.emits = union_all(emits) if emits else None
     return out
 
