@@ -43,7 +43,8 @@ def threshold_rows(rules: Iterable[AnyRule]) -> list[RuleRow]:
 def rule_set_spec(threshold: Sequence[RuleRow]) -> str:
     """The spec of the `threshold` rule rows, in the given order (a match names its rule
     row by its index here)."""
-    spec = [{"id": r.rule_id, "topic": r.topic, "conditions": [_cond_spec(c) for c in r.conditions]}
+    spec = [{"id": r.rule_id, "version": r.rule_version, "name": r.rule_name, "topic": r.topic,
+             "conditions": [_cond_spec(c) for c in r.conditions]}
             for r in threshold]
     return json.dumps({"threshold": spec}, sort_keys=True, separators=(",", ":"))
 
@@ -59,3 +60,16 @@ def thresholds(spark: SparkSession, topic: Column, v: Column, spec: str) -> Colu
     if entry is None:
         raise NotImplementedError("the rule-set evaluator on Spark Connect")
     return ClassicColumn(entry.thresholds(topic._jc, v._jc, spec))
+
+
+def live_thresholds(spark: SparkSession, topic: Column, v: Column, versions_dir: str) -> Column:
+    """struct<m: array<struct<rule_id, rule_version, rule_name>>, u: array<string>>: as
+    `thresholds`, the rules named by what they are, judged by the rule-set version of the
+    running micro-batch, which the evaluator reads from `versions_dir`
+    (streaming/rule_versions.py): the plan does not hold the rules."""
+    from pyspark.sql.classic.column import Column as ClassicColumn
+
+    entry = jvm_class(spark, EVALUATOR_CLASS)
+    if entry is None:
+        raise NotImplementedError("the live rule-set evaluator on Spark Connect")
+    return ClassicColumn(entry.liveThresholds(topic._jc, v._jc, versions_dir))

@@ -58,18 +58,6 @@ def _or(cols: Sequence[Column]) -> Column:
     return out
 
 
-def _pick(i: Column, values: Sequence[object], type_: str) -> Column:
-    """values[i] for a per-rule constant: a literal array, folded once by the optimizer.
-
-    try_element_at, not element_at: in Spark 4.2 the generated code of
-    `element_at(<literal array>, NULL)` returns the array's last element instead of NULL
-    (a record that is no event, which has no rule index, came out as a detection).
-    """
-    if not values:
-        return F.lit(None).cast(type_)
-    return F.try_element_at(F.array(*[F.lit(x).cast(type_) for x in values]), i + F.lit(1))
-
-
 def _needs(rows: Sequence[RuleRow]) -> dict[str, set[str]]:
     """The forms (values.extract_paths) of each path the rules read."""
     needs: dict[str, set[str]] = {}
@@ -114,17 +102,6 @@ class _Checks:
         """The first path of `r` whose value is unreadable (None: `r` orders no number)."""
         whens = [F.when(u, F.lit(c.path)) for c in r.conditions if (u := self.unreadable(c)) is not None]
         return F.coalesce(*whens) if whens else None
-
-
-def rule_identity(i: Column, rows: Sequence[RuleRow]) -> dict[str, Column]:
-    """The identity columns (rule_id, rule_version, rule_type, rule_name) of rule row
-    `i` of `rows` (NULL when `i` is NULL)."""
-    return {
-        "rule_id": _pick(i, [r.rule_id for r in rows], "string"),
-        "rule_version": _pick(i, [r.rule_version for r in rows], "string"),
-        "rule_type": _pick(i, [r.rule_type for r in rows], "string"),
-        "rule_name": _pick(i, [r.rule_name for r in rows], "string"),
-    }
 
 
 # ------------------------------------------------------------------ the keyed operator's input

@@ -33,9 +33,13 @@ stateful operators), because a query restarted on its checkpoint must name the s
 sources and operators: a chain that came and went with the fed correlation rules was
 refused by the checkpoint at the next rule change.
 
-A rule change is a new plan: when the registry's snapshot changes, the query finishes
-its batch in flight and restarts in this process on the same checkpoint (same query id,
-state and offsets kept), so the new rules judge the records from the next batch on.
+The threshold rules are not in the plan: each micro-batch takes one version of them,
+recorded in the checkpoint under its id (rule_versions.py), so a threshold rule change
+applies from the next batch without a new plan, and a batch run again after a crash
+judges with the versions it had. A keyed rule change is a new plan: when the keyed part
+of the registry's snapshot changes, the query finishes its batch in flight and restarts
+in this process on the same checkpoint (same query id, state and offsets kept), so the
+new rules judge the records from the next batch on.
 Only the watermark delay and the subscribed topics are fixed for the process
 (docs/rule-language.md, "Order, the job watermark and late events"; docs/architecture.md);
 the status records them so a supervisor can restart the job when the rules need others.
@@ -62,17 +66,19 @@ from pyspark.sql.streaming import StreamingQuery
 from spark_jobs.engine.correlation import correlation_members
 from spark_jobs.engine.detections import detection_id, detection_value, head_of, processed_clock
 from spark_jobs.engine.events import classify, parse_variant, with_reasons
-from spark_jobs.engine.rule_set import rule_set_spec, thresholds
+from spark_jobs.engine.rule_set import live_thresholds
 from spark_jobs.engine.velocity import velocity_members
 from spark_jobs.kafka import admin
 from spark_jobs.kafka.client_config import with_bootstrap
 from spark_jobs.kafka.spark_io import read_stream, write_stream
 from spark_jobs.rules.model import job_watermark_delay_s
-from spark_jobs.streaming.compiled import SKIP_SEP, RuleRow, key_rows, read_snapshot, rows_of, rule_identity
+from spark_jobs.streaming.compiled import SKIP_SEP, RuleRow, key_rows, read_snapshot, rows_of
 from spark_jobs.streaming.jvm_operator import keyed_operator
 from spark_jobs.streaming.keyed_rows import OUTPUT_COLUMNS, OUTPUT_SCHEMA, PASS_GID, Slot
 from spark_jobs.streaming.quarantine import OffsetRange, Quarantine, quarantine_reason
 from spark_jobs.streaming.registry import ROUTED_TOPIC, RuleProblem, RuleRegistry
+from spark_jobs.streaming.rule_versions import prune as prune_versions
+from spark_jobs.streaming.rule_versions import publish as publish_versions
 from spark_jobs.streaming.rules_source import RULE_DEFS
 
 log = logging.getLogger(__name__)
@@ -109,6 +115,11 @@ class DetectConfig:
     @property
     def state_dir(self) -> Path:
         return self.checkpoint / "rules"
+
+    @property
+    def versions_dir(self) -> Path:
+        """The threshold rule-set versions of the query's micro-batches (rule_versions.py)."""
+        return (self.state_dir / "versions").resolve()
 
     @property
     def status_path(self) -> Path:
@@ -159,6 +170,13 @@ def _iso(ts: float) -> str:
 
 
 # ------------------------------------------------------------------------------ the plan
+
+
+# Every PRUNE_EVERY batches, the rule-set versions of batches more than
+# KEEP_BATCH_VERSIONS old are forgotten: the checkpoint runs none of them again (Spark
+# keeps spark.sql.streaming.minBatchesToRetain, 100 by default).
+PRUNE_EVERY = 50
+KEEP_BATCH_VERSIONS = 200
 
 
 # The plan's shape (job.py `build`), recorded per checkpoint: a checkpoint written by
@@ -289,17 +307,21 @@ def _carry(**given: Column) -> Column:
 
 
 def event_rows(raw: DataFrame, rules: Sequence[RuleRow], fed: set[str], max_ahead_ms: int,
-               skipped_metric: str | Observation = "skipped_keyed") -> tuple[DataFrame, list[Slot]]:
+               skipped_metric: str | Observation = "skipped_keyed", *,
+               versions: Path) -> tuple[DataFrame, list[Slot]]:
     """The first operator's input, from the one scan of the input (`raw`, classified):
     per event one row per key group of the velocity and unfed correlation rules it
     enters (compiled.key_rows), and rows that only pass through the operators
     (`_pass`, PASS_GID):
 
     - a record that is no event: once, kind "dead";
-    - an event that passes threshold rules: once, kind "threshold", the indexes of the
-      rules it passes in `rule_id` (`threshold_detections` makes them rows, behind the
-      operators): per event, not per (event, rule), across the shuffles. The rule-set
-      evaluator judges them (rule_set.thresholds), as it does in the backtest;
+    - an event that passes threshold rules: once, kind "threshold", the rules it passes
+      (JSON of their ids, versions and names) in `rule_id` (`threshold_detections` makes
+      them rows, behind the operators): per event, not per (event, rule), across the
+      shuffles. The rule-set evaluator judges them with the micro-batch's version of
+      the threshold rules (rule_set.live_thresholds, from `versions`:
+      rule_versions.py), not rules held in the plan, so the plan is the same whatever
+      threshold rules are in force;
     - an event of a topic that the correlation rules fed by a velocity rule (`fed`)
       read as context: once, kind "context", judged by the second operator (`_chain`).
 
@@ -308,33 +330,33 @@ def event_rows(raw: DataFrame, rules: Sequence[RuleRow], fed: set[str], max_ahea
     keyed = [r for r in rules if r.rule_type != "threshold" and r.rule_id not in fed]
     context_topics = sorted({r.topic for r in rules if r.rule_id in fed and r.route_from is None})
     event = F.col("_reason").isNull()
-    threshold = threshold_of(rules)
-    passing = [(~event, _carry(kind=F.lit("dead"), ts_ms=F.col("proc_ms"), reason=F.col("_reason")))]
-    unreadable = None
-    if threshold:
-        raw = raw.withColumn("_th", thresholds(raw.sparkSession, F.col("topic"), F.col("v"), rule_set_spec(threshold)))
-        passing.append((event & (F.size("_th.m") > F.lit(0)),
-                        _carry(kind=F.lit("threshold"), rule_id=F.array_join("_th.m", ","), ts_ms=F.col("proc_ms"))))
-        unreadable = F.col("_th.u")
+    raw = raw.withColumn("_th", live_thresholds(raw.sparkSession, F.col("topic"), F.col("v"), str(versions)))
+    passing = [(~event, _carry(kind=F.lit("dead"), ts_ms=F.col("proc_ms"), reason=F.col("_reason"))),
+               (event & (F.size("_th.m") > F.lit(0)),
+                _carry(kind=F.lit("threshold"), rule_id=F.to_json("_th.m"), ts_ms=F.col("proc_ms")))]
     if context_topics:
         passing.append((event & F.col("in_topic").isin(*context_topics),
                         _carry(kind=F.lit("context"), ts_ms=F.col("proc_ms"))))
     return key_rows(raw, keyed, max_ahead_ms=max_ahead_ms, skipped_metric=skipped_metric, passing=passing,
-                    unreadable=unreadable)
+                    unreadable=F.col("_th.u"))
 
 
 def threshold_of(rules: Sequence[RuleRow]) -> list[RuleRow]:
     return [r for r in rules if r.rule_type == "threshold"]
 
 
-def threshold_detections(rows: DataFrame, threshold: Sequence[RuleRow]) -> DataFrame:
+_MATCHED = "array<struct<rule_id:string,rule_version:string,rule_name:string>>"
+
+
+def threshold_detections(rows: DataFrame) -> DataFrame:
     """Rows of OUTPUT_SCHEMA's columns, an event's threshold matches ("threshold", the
-    rules' indexes in `rule_id`) among them -> one detection row per (event, threshold
-    rule it passed); the other rows as they are."""
+    rules it passed as JSON in `rule_id`) among them -> one detection row per (event,
+    threshold rule it passed); the other rows as they are."""
     matched = F.col("kind") == F.lit("threshold")
-    rows = rows.select("*", F.explode(F.when(matched, F.split("rule_id", ",")).otherwise(F.array(F.lit(None))))
-                       .alias("_ti"))
-    identity = rule_identity(F.col("_ti").cast("int"), threshold)
+    rows = rows.select("*", F.explode(F.when(matched, F.from_json("rule_id", _MATCHED))
+                                      .otherwise(F.array(F.lit(None)))).alias("_t"))
+    identity = {"rule_id": F.col("_t.rule_id"), "rule_version": F.col("_t.rule_version"),
+                "rule_type": F.lit("threshold"), "rule_name": F.col("_t.rule_name")}
     return rows.select(*[
         F.when(matched, F.lit("detection")).otherwise(F.col("kind")).alias("kind") if c == "kind"
         else F.when(matched, identity[c]).otherwise(F.col(c)).alias(c) if c in identity
@@ -379,7 +401,10 @@ def build(spark: SparkSession, cfg: DetectConfig, watermark_delay_s: float, topi
     fed = {r.rule_id for r in keyed_rules if r.route_from is not None}
     delay_ms = int(watermark_delay_s * 1000)
     max_ahead_ms = max(1_000, delay_ms)
-    keyed, slots = event_rows(raw, rules, fed, max_ahead_ms)
+    # The threshold rules are not in the plan: the ones given here are the version in
+    # force when it starts (a later one is published by `run` as the registry reads it).
+    publish_versions(cfg.versions_dir, threshold_of(rules))
+    keyed, slots = event_rows(raw, rules, fed, max_ahead_ms, versions=cfg.versions_dir)
     # The job watermark: bounded out-of-orderness over the event times of the rows'
     # event-time rules (`wm`; NULL on pass rows). The metadata is then projected away so
     # Spark does not drop late rows silently; the processor dead-letters them instead.
@@ -389,7 +414,7 @@ def build(spark: SparkSession, cfg: DetectConfig, watermark_delay_s: float, topi
     defs_dir = str(cfg.state_dir / RULE_DEFS)
     first = keyed_operator(stateful_in, slots, defs_dir, place="first")
     out = _chain(first, [r for r in keyed_rules if r.rule_id in fed], buckets, defs_dir, max_ahead_ms)
-    out = threshold_detections(out, threshold_of(rules))
+    out = threshold_detections(out)
 
     members = F.when(F.col("rule_type") == "threshold", F.lit("")).when(
         F.col("rule_type") == "velocity", velocity_members(F.col("agg_type"), F.col("agg_value"))
@@ -467,10 +492,11 @@ class StatusReporter:
         self.run_id: str | None = None
         self.progress: dict | None = None
         self.state = "starting"
-        # The rule set compiled into the running query, and how often rule changes
-        # restarted it.
+        # The rule set the running query evaluates, how often rule changes restarted it
+        # (a keyed rule changed) and how often they applied without (thresholds only).
         self.in_force: Compiled | None = None
         self.rule_reloads = 0
+        self.rule_changes_live = 0
         self._producer = Producer(with_bootstrap(cfg.bootstrap, ROLE, {"linger.ms": 5}))
 
     def snapshot(self) -> dict:
@@ -510,6 +536,7 @@ class StatusReporter:
             # query has restarted with it: in_force), not those the registry has read.
             "rule_versions": self.in_force.versions() if self.in_force is not None else rules.versions(),
             "rule_reloads": self.rule_reloads,
+            "rule_changes_live": self.rule_changes_live,
             "rule_problems": self.registry.problem_count,
             # Micro-batches that failed since the job started, the last failure and what
             # was done about it, and the offset ranges whose records were quarantined.
@@ -603,6 +630,14 @@ class Compiled:
     def versions(self) -> dict[str, str]:
         return {rid: str(d.get("version")) for rid, d in sorted(json.loads(self.snapshot).items())}
 
+    def keyed(self) -> dict:
+        """The rules compiled into the plan: all but the threshold rules, which the
+        evaluator reads per micro-batch (rule_versions.py)."""
+        return {rid: d for rid, d in json.loads(self.snapshot).items() if d.get("rule_type") != "threshold"}
+
+    def threshold_rows(self, defs_dir: Path) -> list[RuleRow]:
+        return threshold_of(rows_of(json.loads(self.snapshot), ROUTED_TOPIC, defs_dir))
+
 
 def _start_query(spark: SparkSession, cfg: DetectConfig, delay: float, topics: list[str],
                  quarantine: Quarantine) -> tuple[StreamingQuery, Compiled]:
@@ -680,11 +715,21 @@ def run(cfg: DetectConfig, stop: threading.Event | None = None) -> int:
                     last_batch = p.get("batchId")
                     status.progress = p
                     status.count_unreadable(p)
-                # A new rule set is a new plan (compiled.py): after the batch in flight,
-                # the query restarts on its checkpoint (same query id, state kept).
-                reload = read_snapshot(cfg.state_dir / "rules.json") != status.in_force.snapshot
-                if reload:
-                    break
+                    if last_batch is not None and last_batch % PRUNE_EVERY == 0:
+                        prune_versions(cfg.versions_dir, last_batch - KEEP_BATCH_VERSIONS)
+                snapshot = read_snapshot(cfg.state_dir / "rules.json")
+                if snapshot != status.in_force.snapshot:
+                    new = Compiled(snapshot)
+                    # New keyed rules are a new plan (compiled.py): after the batch in
+                    # flight, the query restarts on its checkpoint (same query id, state
+                    # kept). New threshold rules are a new version for the next batch.
+                    reload = new.keyed() != status.in_force.keyed()
+                    if reload:
+                        break
+                    publish_versions(cfg.versions_dir, new.threshold_rows(cfg.state_dir / RULE_DEFS))
+                    status.in_force = new
+                    status.rule_changes_live += 1
+                    log.info("threshold rules changed: versions %s from the next batch", new.versions())
                 status.publish()
             if reload and not stop.is_set():
                 _stop_after_batch_in_flight(query)

@@ -1,7 +1,7 @@
 """Live job throughput and latency through the broker, mixed rule set.
 
     python tests/benchmarks/bench_detect.py [--rate 20000] [--seconds 60] [--users 2000] [--warmup 0]
-                                            [--rare-rules 0]
+                                            [--rare-rules 0] [--rule-change]
 
 Starts an embedded broker and `rulectl detect` (local[2]), publishes 50 threshold +
 10 velocity + 2 correlation rules (the backtest benchmark's set), produces events at
@@ -13,6 +13,12 @@ latency from produce to the detection landing on the sink topic.
 `--rare-rules N` publishes N more threshold rules, each asking for one user that about one
 event in ten thousand has (`user_id == "r<k>"`, amount > 10): a large rule set whose
 rules each match little, so the detections stay about the same as N grows.
+
+`--rule-change` publishes, halfway through the measured run, version 2 of every
+threshold rule (the same conditions, so the detections stay the same) and prints the
+seconds from the publish (acknowledged by the broker) to the first detection of a
+version 2 rule on the sink, to the status naming every version 2 rule, and how often
+the job restarted its query for it (`rule_reloads`, and whether its run id changed).
 
 `--warmup S` first produces S seconds of the same load (events marked `warmup`, left out
 of every figure) and waits for the job to catch up: the figures are then those of a job
@@ -47,7 +53,10 @@ from spark_jobs.kafka.publisher import publish_rules  # noqa: E402
 from spark_jobs.rules.model import parse_rule  # noqa: E402
 
 
-def consume_latencies(bootstrap: str, stop: threading.Event, out: list[float]) -> None:
+def consume_latencies(bootstrap: str, stop: threading.Event, out: list[float],
+                      first_v2: list[float] | None = None) -> None:
+    """Latencies (ms) from produce to the sink into `out`; the time the first detection
+    of a version "2" rule was read into `first_v2`."""
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench", "enable.auto.commit": False})
     c.assign([TopicPartition("events.processed", 0, 0)])
     while not stop.is_set():
@@ -59,7 +68,31 @@ def consume_latencies(bootstrap: str, stop: threading.Event, out: list[float]) -
             sent = ev.get("sent_ms")
             if sent and not ev.get("warmup"):
                 out.append(now - sent)
+            if first_v2 is not None and not first_v2 and ev.get("rule_version") == "2":
+                first_v2.append(time.time())
     c.close()
+
+
+def change_rules(job: DetectJob, bootstrap: str, rules: list, at_s: float, first_v2: list[float],
+                 out: dict) -> None:
+    """After `at_s` seconds: version 2 of every threshold rule in `rules`, and how long
+    it took to reach the sink and the job's status (see the module's doc)."""
+    time.sleep(at_s)
+    before = job.status()
+    changed = [r.model_copy(update={"version": "2"}) for r in rules if r.rule_type == "threshold"]
+    t0 = time.time()
+    publish_rules(changed, bootstrap)
+    published = time.time()
+    ids = {r.rule_id for r in changed}
+    s = job.wait_for(lambda s: all(s["rule_versions"].get(i) == "2" for i in ids), timeout=300)
+    in_status = time.time()
+    while not first_v2 and time.time() - published < 300:
+        time.sleep(0.05)
+    out.update(changed_rules=len(changed), publish_s=round(published - t0, 2),
+               publish_to_status_s=round(in_status - published, 2),
+               publish_to_first_v2_detection_s=round(first_v2[0] - published, 2) if first_v2 else None,
+               query_restarts=s["rule_reloads"] - before["rule_reloads"],
+               run_id_kept=s["run_id"] == before["run_id"])
 
 
 RARE_SHARE = 1e-4  # of the events, per rare rule
@@ -159,6 +192,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=0, help="seconds of the same load first, left out of the figures")
     ap.add_argument("--timeout", type=int, default=1800, help="give up waiting for the job after this many seconds")
     ap.add_argument("--rare-rules", type=int, default=0, help="more threshold rules, each matching ~1 event in 10k")
+    ap.add_argument("--rule-change", action="store_true", help="publish version 2 of every threshold rule halfway")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-detect-"))
     with EmbeddedBroker(port=free_port()) as broker:
@@ -171,8 +205,9 @@ def main() -> None:
         job = DetectJob(broker.bootstrap, work / "job", trigger_ms=args.trigger_ms)
         job.start(timeout=300)
         lat: list[float] = []
+        first_v2: list[float] = []
         stop = threading.Event()
-        t = threading.Thread(target=consume_latencies, args=(broker.bootstrap, stop, lat), daemon=True)
+        t = threading.Thread(target=consume_latencies, args=(broker.bootstrap, stop, lat, first_v2), daemon=True)
         t.start()
         if args.warmup:
             produce_events(broker.bootstrap, args.rate, args.warmup, args.users, warmup=True, rare=args.rare_rules)
@@ -181,10 +216,17 @@ def main() -> None:
         sampler = threading.Thread(target=sample_batches, args=(job, stop, batches), daemon=True)
         sampler.start()
         total = args.rate * args.seconds
+        change: dict = {}
+        changer = threading.Thread(target=change_rules, args=(job, broker.bootstrap, rules, args.seconds / 2,
+                                                               first_v2, change), daemon=True)
+        if args.rule_change:
+            changer.start()
         start = time.time()
         produced_s = produce_events(broker.bootstrap, args.rate, args.seconds, args.users, rare=args.rare_rules)
         wait_caught_up(job, args.timeout)
         done_s = time.time() - start
+        if args.rule_change:
+            changer.join(300)
         time.sleep(3)
         stop.set()
         t.join(5)
@@ -194,6 +236,9 @@ def main() -> None:
     print(f"produced {total} events in {produced_s:.1f}s (target {args.rate}/s); job caught up after {done_s:.1f}s")
     figures = print_rate_and_latency(total, done_s, lat, "detection")
     figures.update(print_batches(batches), produced_s=round(produced_s, 1), caught_up_s=round(done_s, 1))
+    if change:
+        print("rule change: " + ", ".join(f"{k} {v}" for k, v in change.items()))
+        figures["rule_change"] = change
     append_result("detect", figures, rate=args.rate, seconds=args.seconds, users=args.users,
                   trigger_ms=args.trigger_ms, warmup_s=args.warmup, rules=len(rules))
 

@@ -41,6 +41,7 @@ from spark_jobs.spark import session  # noqa: E402
 from spark_jobs.streaming import job  # noqa: E402
 from spark_jobs.streaming.compiled import rows_of  # noqa: E402
 from spark_jobs.streaming.registry import ROUTED_TOPIC  # noqa: E402
+from spark_jobs.streaming.rule_versions import publish  # noqa: E402
 
 
 def produce(bootstrap: str, n: int, users: int) -> None:
@@ -103,7 +104,9 @@ def main() -> None:
               f"Spark local[2]; {n} events, {args.users} users, {len(rows)} rule rows compiled into the plan")
         timed("Kafka read", records)
         timed("Kafka read + classify (VARIANT parse)", raw)
-        keyed, slots = job.event_rows(raw, rows, set(), max_ahead_ms=10**12)
+        versions = Path(tempfile.mkdtemp(prefix="bench-live-plan-"))
+        publish(versions, job.threshold_of(rows))
+        keyed, slots = job.event_rows(raw, rows, set(), max_ahead_ms=10**12, versions=versions)
         timed("event_rows (the first operator's input)", keyed)
         # Operator rows: one per (event, key group) and the pass rows (threshold matches,
         # dead letters); (event, rule) pairs: the indexes they carry.

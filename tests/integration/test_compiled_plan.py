@@ -28,6 +28,7 @@ from spark_jobs.streaming.compiled import key_rows, rows_of
 from spark_jobs.streaming.job import event_rows, threshold_detections, threshold_of
 from spark_jobs.streaming.keyed_rows import PASS_GID
 from spark_jobs.streaming.registry import ROUTED_TOPIC
+from spark_jobs.streaming.rule_versions import publish
 
 pytestmark = [pytest.mark.spark]
 
@@ -109,13 +110,16 @@ def _reference(rule_list: list[dict], evs: list[tuple[str, str]]) -> tuple[set, 
 
 
 def _compiled_input(spark, tmp_path_factory, rule_list: list[dict], evs: list[tuple[str, str]]):
-    """The rule rows compiled from `rule_list`, and `evs` as the job's classified input."""
+    """The rule rows compiled from `rule_list`, `evs` as the job's classified input, and
+    the directory whose current version holds `rule_list`'s threshold rules."""
     rows = rows_of({r["rule_id"]: r for r in rule_list}, ROUTED_TOPIC, tmp_path_factory.mktemp("defs"))
+    versions = tmp_path_factory.mktemp("versions")
+    publish(versions, threshold_of(rows))
     raw = spark.createDataFrame([(seq, topic, text) for seq, (topic, text) in enumerate(evs)],
                                 "seq long, topic string, raw string").select(
         F.col("topic").alias("in_topic"), "topic", "seq", F.lit(None).cast("string").alias("route_from"), "raw",
         F.lit(1767600000000).cast("long").alias("proc_ms"))
-    return rows, classify(raw)
+    return rows, classify(raw), versions
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
@@ -141,12 +145,12 @@ def _compiled_input(spark, tmp_path_factory, rule_list: list[dict], evs: list[tu
                                                                                          "value": 200}]}],
          evs=[("e", '{"type": "b", "n": 5}'), ("e", '{"type": "c"}')])
 def test_compiled_rules_pass_what_the_reference_passes(spark, tmp_path_factory, rule_list, evs):
-    rows, raw = _compiled_input(spark, tmp_path_factory, rule_list, evs)
-    carried = _carried(raw, rows)
+    rows, raw, versions = _compiled_input(spark, tmp_path_factory, rule_list, evs)
+    carried = _carried(raw, rows, versions)
     # One row per event, whatever number of rules it passes.
     matched = [r["seq"] for r in carried.filter(F.col("kind") == "threshold").collect()]
     assert len(matched) == len(set(matched))
-    out = threshold_detections(carried, threshold_of(rows)).collect()
+    out = threshold_detections(carried).collect()
     got = {(r["seq"], r["rule_id"]) for r in out if r["kind"] == "detection"}
     dead = {r["seq"] for r in out if r["kind"] == "dead"}
     passed, _ = _reference(rule_list, evs)
@@ -154,9 +158,9 @@ def test_compiled_rules_pass_what_the_reference_passes(spark, tmp_path_factory, 
     assert dead == {seq for seq, (_, text) in enumerate(evs) if parse_event(text) is None}
 
 
-def _carried(raw, rows, skipped_metric: str | Observation = "skipped_keyed"):
+def _carried(raw, rows, versions, skipped_metric: str | Observation = "skipped_keyed"):
     """The rows the live plan carries through its operators (OUTPUT_SCHEMA's columns)."""
-    keyed, _ = event_rows(raw, rows, set(), 5_000, skipped_metric)
+    keyed, _ = event_rows(raw, rows, set(), 5_000, skipped_metric, versions=versions)
     return keyed.filter(F.col("gid") == PASS_GID).select("topic", "seq", "raw", "_pass.*")
 
 
@@ -164,9 +168,9 @@ def _carried(raw, rows, skipped_metric: str | Observation = "skipped_keyed"):
                                                                    HealthCheck.function_scoped_fixture])
 @given(rule_list=rules(), evs=events())
 def test_compiled_rules_count_the_values_they_cannot_read(spark, tmp_path_factory, rule_list, evs):
-    rows, raw = _compiled_input(spark, tmp_path_factory, rule_list, evs)
+    rows, raw, versions = _compiled_input(spark, tmp_path_factory, rule_list, evs)
     skips = Observation("skips")
-    _carried(raw, rows, skips).collect()
+    _carried(raw, rows, versions, skips).collect()
     expected: Counter = Counter()
     for seq, rule_id in _reference(rule_list, evs)[1]:
         obj = parse_event(evs[seq][1])
@@ -235,7 +239,7 @@ def _keyed_reference(rule_list: list[dict], evs: list[tuple[str, str]]) -> tuple
                                                                    HealthCheck.function_scoped_fixture])
 @given(rule_list=velocity_rules(), evs=events())
 def test_keyed_rows_name_the_rules_the_reference_enters(spark, tmp_path_factory, rule_list, evs):
-    rows, raw = _compiled_input(spark, tmp_path_factory, rule_list, evs)
+    rows, raw, _ = _compiled_input(spark, tmp_path_factory, rule_list, evs)
     skips = Observation("skips")
     keyed, slots = key_rows(raw, rows, skipped_metric=skips)
     got_rows = keyed.collect()

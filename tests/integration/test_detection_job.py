@@ -3,6 +3,7 @@ end-to-end parity with the backtest, hot reload, restart after SIGKILL, bad inpu
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from pathlib import Path
@@ -137,6 +138,98 @@ def test_hot_reload_without_restart(live, broker):
     assert not [d for d in dets if d.get("order_id") == "after-disable"]
     assert job.status()["query_id"] == first["query_id"]
     assert job.proc.poll() is None
+
+
+def _detection_id(rule_id: str, version: str, topic: str, raw: str) -> str:
+    """The sink contract's id (docs/rule-language.md): the first 32 hex digits of the
+    SHA-256 of rule id, version, topic and event text, separated by U+001F."""
+    return hashlib.sha256("\u001f".join([rule_id, version, topic, raw]).encode()).hexdigest()[:32]
+
+
+REFUND = {"rule_id": "large_refund", "version": "1", "rule_type": "threshold", "source_topic": "events.raw",
+          "conditions": [{"field": "type", "operator": "==", "value": "refund"},
+                         {"field": "amount", "operator": ">=", "value": 100}]}
+
+
+def test_threshold_rule_changes_apply_without_a_new_plan(live, broker):
+    """Threshold rules are not in the plan: a new one and a new version of it judge
+    events from the next micro-batch, and the query runs on (same run id, no reload)."""
+    job, first = live
+    before = job.wait_for(lambda s: s.get("lag") == 0)
+    refund = lambda tag, amount: json.dumps({"type": "refund", "refund": tag, "amount": amount})  # noqa: E731
+    publish_rules([parse_rule(REFUND)], broker.bootstrap)
+    job.wait_for(lambda s: s["rule_versions"].get("large_refund") == "1")
+    produce(broker.bootstrap, "events.raw", [refund("r1", 500)])
+    wait_detections(broker.bootstrap, "events.processed", lambda d: any(x.get("refund") == "r1" for x in d))
+
+    stricter = {**REFUND, "version": "2", "conditions": [REFUND["conditions"][0],
+                                                         {"field": "amount", "operator": ">=", "value": 1000}]}
+    publish_rules([parse_rule(stricter)], broker.bootstrap)
+    job.wait_for(lambda s: s["rule_versions"].get("large_refund") == "2")
+    produce(broker.bootstrap, "events.raw", [refund("r2", 500), refund("r3", 5000)])
+    wait_detections(broker.bootstrap, "events.processed", lambda d: any(x.get("refund") == "r3" for x in d))
+    after = job.wait_for(lambda s: s.get("lag") == 0)
+    time.sleep(2)
+    got = sorted((d["refund"], d["rule_id"], d["rule_version"], d["detection_id"])
+                 for d in detections(broker.bootstrap) if "refund" in d)
+    assert got == [("r1", "large_refund", "1", _detection_id("large_refund", "1", "events.raw", refund("r1", 500))),
+                   ("r3", "large_refund", "2", _detection_id("large_refund", "2", "events.raw", refund("r3", 5000)))]
+    assert (after["query_id"], after["run_id"]) == (before["query_id"], before["run_id"])
+    assert after["rule_reloads"] == before["rule_reloads"]
+    assert after["rule_changes_live"] >= before["rule_changes_live"] + 2
+    assert job.proc.poll() is None
+
+
+MARKER = "__stall_here__"
+FAULTY_DETECT = ROOT / "tests" / "faulty_detect.py"
+
+
+def test_a_batch_run_again_after_a_crash_keeps_its_rule_versions(broker, tmp_path):
+    """A micro-batch takes its threshold rule versions when it starts and records them:
+    killed in the middle of it after a rule change, the job runs it again with the
+    versions it had, so the detections (and their ids) are those of a run without the
+    crash; the new version judges the batches after it."""
+    bs, topic, rules_topic, sink = broker.bootstrap, "payments.replay", "rules.replay", "detections.replay"
+    rule = {"rule_id": "big_payment", "version": "1", "rule_type": "threshold", "source_topic": topic,
+            "conditions": [{"field": "amount", "operator": ">", "value": 10}]}
+    publish_rules([parse_rule(rule)], bs, topic=rules_topic)
+    setup = {"sink": sink, "dlq": "dead.replay", "rules_topic": rules_topic}
+    stalling = DetectJob(bs, tmp_path / "job", cli=(str(FAULTY_DETECT), "--stall", "600", MARKER), **setup)
+    stalling.start()
+    batches = stalling.checkpoint / "rules" / "versions" / "batches"
+
+    def recorded() -> set[str]:
+        return {p.name for p in batches.glob("*") if p.name.isdigit()}
+
+    seen = recorded()
+    p1 = json.dumps({"pay": "p1", "amount": 50})
+    produce(bs, topic, [p1, json.dumps({"pay": "stall", "amount": 1, "note": MARKER})])
+    deadline = time.time() + 120
+    while not (new := recorded() - seen) and time.time() < deadline:
+        time.sleep(0.1)
+    assert new, stalling.tail_log()
+    in_flight = batches / max(new, key=int)
+    took = in_flight.read_text()
+    # While that batch is stalled: version 2, which p1 does not pass.
+    publish_rules([parse_rule({**rule, "version": "2", "conditions": [{"field": "amount", "operator": ">",
+                                                                         "value": 100}]})], bs, topic=rules_topic)
+    stalling.wait_for(lambda s: s["rule_versions"].get("big_payment") == "2")
+    assert (stalling.checkpoint / "rules" / "versions" / "current").read_text() != took
+    assert stalling.status()["last_batch_id"] < int(in_flight.name)
+    stalling.kill()
+
+    job = DetectJob(bs, tmp_path / "job", **setup)
+    job.start()
+    p2, p3 = json.dumps({"pay": "p2", "amount": 50}), json.dumps({"pay": "p3", "amount": 500})
+    produce(bs, topic, [p2, p3])
+    wait_detections(bs, sink, lambda d: any(x.get("pay") == "p3" for x in d))
+    job.wait_for(lambda s: s.get("lag") == 0)
+    time.sleep(2)
+    assert job.stop() == 0
+    got = {(d["pay"], d["rule_version"], d["detection_id"]) for d in detections(bs, sink)}
+    assert got == {("p1", "1", _detection_id("big_payment", "1", topic, p1)),
+                   ("p3", "2", _detection_id("big_payment", "2", topic, p3))}
+    assert in_flight.read_text() == took
 
 
 RESTART_RULE = {

@@ -27,6 +27,7 @@ from spark_jobs.streaming.job import event_rows, threshold_detections, threshold
 from spark_jobs.streaming.jvm_operator import keyed_operator
 from spark_jobs.streaming.keyed_rows import PASS_GID
 from spark_jobs.streaming.registry import ROUTED_TOPIC
+from spark_jobs.streaming.rule_versions import publish
 
 pytestmark = [pytest.mark.spark]
 
@@ -69,9 +70,10 @@ def _live_rows(spark, lines: list[str], defs: Path, work: Path) -> tuple[list, l
     raw = spark.createDataFrame([(i, line) for i, line in enumerate(lines)], "seq long, raw string").select(
         F.lit("e").alias("in_topic"), F.lit("e").alias("topic"), "seq", F.lit(None).cast("string").alias("route_from"),
         "raw", F.lit(1767600000000).cast("long").alias("proc_ms"))
-    rows, slots = event_rows(classify(raw), rules, set(), max_ahead_ms=5_000)
+    publish(work / "versions", threshold_of(rules))
+    rows, slots = event_rows(classify(raw), rules, set(), max_ahead_ms=5_000, versions=work / "versions")
     carried = rows.filter(F.col("gid") == PASS_GID).select("topic", "seq", "raw", "_pass.*")
-    threshold = threshold_detections(carried, threshold_of(rules)).select("kind", "rule_id", "reason").collect()
+    threshold = threshold_detections(carried).select("kind", "rule_id", "reason").collect()
     # The keyed operator as the live job calls it (event-time timers need a streaming
     # query): the key rows written to a file and read back as one micro-batch.
     src = work / "key_rows"

@@ -51,6 +51,55 @@ public final class Evaluate {
         return in.withColumn("_tm", thresholdMatches(in.col("topic"), in.col("v"), specJson));
     }
 
+    /** A live match: the rule's id, version and name, read from the batch's rule set. */
+    static final DataType MATCHED = DataTypes.createStructType(new org.apache.spark.sql.types.StructField[] {
+        DataTypes.createStructField("rule_id", DataTypes.StringType, false),
+        DataTypes.createStructField("rule_version", DataTypes.StringType, true),
+        DataTypes.createStructField("rule_name", DataTypes.StringType, true),
+    });
+
+    static final DataType LIVE_JUDGED = DataTypes.createStructType(new org.apache.spark.sql.types.StructField[] {
+        DataTypes.createStructField("m", DataTypes.createArrayType(MATCHED, false), false),
+        DataTypes.createStructField("u", DataTypes.createArrayType(DataTypes.StringType, false), false),
+    });
+
+    /**
+     * The live query's threshold verdict: struct(`m`: the rules the event passes, each
+     * by its id, version and name, `u`: as in `thresholds`), judged by the rule-set
+     * version of the running micro-batch (BatchVersions, in `versionsDir`). The plan
+     * holds the directory, not the rules: a rule change is a new spec there, not a new
+     * plan.
+     */
+    public static Column liveThresholds(Column topic, Column v, String versionsDir) {
+        UserDefinedFunction udf = functions.udf(new LiveThresholds(versionsDir), LIVE_JUDGED).asNonNullable()
+            .withName(NAME);
+        return udf.apply(topic, v);
+    }
+
+    static final class LiveThresholds implements UDF2<String, VariantVal, Row> {
+        private final String dir;
+        private transient RuleSet rules;
+
+        LiveThresholds(String dir) {
+            this.dir = dir;
+        }
+
+        @Override
+        public Row call(String topic, VariantVal v) {
+            if (rules == null) {
+                // Once per task: each task deserializes its own copy of this function.
+                rules = BatchVersions.forTask(dir);
+            }
+            RuleSet.Judged j = rules.thresholds(topic, v);
+            Row[] matched = new Row[j.matches.length];
+            for (int i = 0; i < matched.length; i++) {
+                String[] id = rules.identity(j.matches[i]);
+                matched[i] = RowFactory.create(id[0], id[1], id[2]);
+            }
+            return RowFactory.create(matched, j.unreadable);
+        }
+    }
+
     static final class Thresholds implements UDF2<String, VariantVal, Row> {
         private final String spec;
         private transient RuleSet rules;

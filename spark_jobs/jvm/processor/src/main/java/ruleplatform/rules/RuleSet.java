@@ -72,13 +72,21 @@ public final class RuleSet {
     }
 
     private final Map<String, Topic> topics;
+    /** Per rule, in the spec's order: its id, version and name (NULL when it has none). */
+    private final String[][] identities;
 
-    private RuleSet(Map<String, Topic> topics) {
+    private RuleSet(Map<String, Topic> topics, String[][] identities) {
         this.topics = topics;
+        this.identities = identities;
+    }
+
+    /** Rule `index`'s {id, version, name}: what a live detection names it by. */
+    public String[] identity(int index) {
+        return identities[index];
     }
 
     /**
-     * `{"threshold": [{"id", "topic", "conditions": [cond spec, ..]}, ..]}`
+     * `{"threshold": [{"id", "version", "name", "topic", "conditions": [cond spec, ..]}, ..]}`
      * (spark_jobs/engine/rule_set.py).
      */
     public static RuleSet compile(String specJson) {
@@ -90,8 +98,12 @@ public final class RuleSet {
         }
         Map<String, Topic> topics = new LinkedHashMap<>();
         JsonNode rules = spec.path("threshold");
+        String[][] identities = new String[rules.size()][];
         for (int i = 0; i < rules.size(); i++) {
             JsonNode r = rules.get(i);
+            JsonNode name = r.path("name");
+            identities[i] = new String[] {r.get("id").asText(), r.path("version").asText(null),
+                name.isTextual() ? name.asText() : null};
             JsonNode cs = r.get("conditions");
             Condition[] conditions = new Condition[cs.size()];
             for (int k = 0; k < conditions.length; k++) {
@@ -100,7 +112,7 @@ public final class RuleSet {
             topics.computeIfAbsent(r.get("topic").asText(), t -> new Topic())
                 .add(new Rule(i, r.get("id").asText(), conditions));
         }
-        return new RuleSet(topics);
+        return new RuleSet(topics, identities);
     }
 
     /** What the threshold rules made of one event. */
