@@ -238,7 +238,7 @@ def main() -> None:
     figures.update(print_batches(batches), produced_s=round(produced_s, 1), caught_up_s=round(done_s, 1))
     if change:
         print("rule change: " + ", ".join(f"{k} {v}" for k, v in change.items()))
-        figures["rule_change"] = change
+        figures.update({f"rule_change_{k}": v for k, v in change.items()})
     append_result("detect", figures, rate=args.rate, seconds=args.seconds, users=args.users,
                   trigger_ms=args.trigger_ms, warmup_s=args.warmup, rules=len(rules))
 

@@ -73,10 +73,14 @@ BENCHES = {
         "bench_detect.py",
         "Live throughput and latency: an embedded broker and `rulectl detect`, events produced at a target "
         "rate; the sustained rate and p50/p99 produce-to-detection latency; `--warmup S` leaves a first load out; "
-        "`--rare-rules N` adds N threshold rules that each match about one event in ten thousand.",
+        "`--rare-rules N` adds N threshold rules that each match about one event in ten thousand; "
+        "`--rule-change` publishes version 2 of every threshold rule halfway and times it to the sink.",
         f"{PY}bench_detect.py --rate 20000 --seconds 30 --users 2000 --warmup 20",
         [("rate", "target events/s"), ("seconds", "s"), ("warmup_s", "warm-up s"), ("rules", "rules")],
-        [("events_per_s", "sustained events/s"), ("latency_p50_s", "p50 s"), ("latency_p99_s", "p99 s")]),
+        [("events_per_s", "sustained events/s"), ("latency_p50_s", "p50 s"), ("latency_p99_s", "p99 s"),
+         ("rule_change_changed_rules", "rules changed"),
+         ("rule_change_publish_to_first_v2_detection_s", "publish → first new-version detection s"),
+         ("rule_change_query_restarts", "query restarts for it")]),
     "backlog": Bench(
         "bench_backlog.py",
         "Backlog drain: the live job draining a backlog (threshold and event-time velocity rules); its "
