@@ -22,6 +22,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-offsets-per-trigger", type=int, default=100_000)
     p.add_argument("--starting-offsets", choices=["earliest", "latest"], default="earliest")
     p.add_argument("--master", default=None)
+    p.add_argument("--threshold-lane", choices=["micro-batch", "real-time"], default="micro-batch",
+                   help="where threshold rules run: in the keyed query's micro-batches, or in a query of their own "
+                        "in Spark's real-time mode (one task per source partition, always running)")
     p.add_argument("--allow-data-loss", action="store_true",
                    help="go on (from the earliest offset there is) when checkpointed offsets vanished or went back; "
                         "default: stop with Spark's data-loss error")
@@ -35,6 +38,6 @@ def _run(args: argparse.Namespace) -> int:
         rules_topic=args.rules_topic, status_topic=args.status_topic, checkpoint=args.checkpoint,
         trigger_ms=args.trigger_ms, max_offsets_per_trigger=args.max_offsets_per_trigger,
         starting_offsets=args.starting_offsets, master=args.master, status_file=args.status_file,
-        fail_on_data_loss=not args.allow_data_loss,
+        fail_on_data_loss=not args.allow_data_loss, threshold_lane=args.threshold_lane,
     )
     return run(cfg)

@@ -111,6 +111,9 @@ class DetectConfig:
     # Keys of a key group are spread over this many buckets (one operator call per bucket
     # and micro-batch); fixed for a checkpoint (recorded in it), 0: the default.
     key_buckets: int = 0
+    # Where the threshold rules run: "micro-batch" (in the keyed query) or "real-time"
+    # (a query of their own in Spark's real-time mode: threshold_lane.py).
+    threshold_lane: str = "micro-batch"
 
     @property
     def state_dir(self) -> Path:
@@ -120,6 +123,15 @@ class DetectConfig:
     def versions_dir(self) -> Path:
         """The threshold rule-set versions of the query's micro-batches (rule_versions.py)."""
         return (self.state_dir / "versions").resolve()
+
+    @property
+    def lane_versions_dir(self) -> Path:
+        """The threshold rule-set versions of the real-time lane's batches."""
+        return (self.state_dir / "lane-versions").resolve()
+
+    @property
+    def real_time(self) -> bool:
+        return self.threshold_lane == "real-time"
 
     @property
     def status_path(self) -> Path:
@@ -264,7 +276,7 @@ MAX_RECORD_BYTES = 900_000
 DEAD_LETTER_RAW_CHARS = 100_000
 
 
-def _records(rows: DataFrame, kind: Column, members: Column, cfg: DetectConfig) -> DataFrame:
+def kafka_records(rows: DataFrame, kind: Column, members: Column, cfg: DetectConfig) -> DataFrame:
     """Rows with the emit columns, a kind (detection | dead) and a dead letter's reason
     -> Kafka records (topic, key, value), in projections one after the other.
 
@@ -308,7 +320,7 @@ def _carry(**given: Column) -> Column:
 
 def event_rows(raw: DataFrame, rules: Sequence[RuleRow], fed: set[str], max_ahead_ms: int,
                skipped_metric: str | Observation = "skipped_keyed", *,
-               versions: Path) -> tuple[DataFrame, list[Slot]]:
+               versions: Path | None) -> tuple[DataFrame, list[Slot]]:
     """The first operator's input, from the one scan of the input (`raw`, classified):
     per event one row per key group of the velocity and unfed correlation rules it
     enters (compiled.key_rows), and rows that only pass through the operators
@@ -321,7 +333,8 @@ def event_rows(raw: DataFrame, rules: Sequence[RuleRow], fed: set[str], max_ahea
       shuffles. The rule-set evaluator judges them with the micro-batch's version of
       the threshold rules (rule_set.live_thresholds, from `versions`:
       rule_versions.py), not rules held in the plan, so the plan is the same whatever
-      threshold rules are in force;
+      threshold rules are in force (no `versions`: the threshold rules run in the
+      real-time lane, threshold_lane.py, and not here);
     - an event of a topic that the correlation rules fed by a velocity rule (`fed`)
       read as context: once, kind "context", judged by the second operator (`_chain`).
 
@@ -330,15 +343,18 @@ def event_rows(raw: DataFrame, rules: Sequence[RuleRow], fed: set[str], max_ahea
     keyed = [r for r in rules if r.rule_type != "threshold" and r.rule_id not in fed]
     context_topics = sorted({r.topic for r in rules if r.rule_id in fed and r.route_from is None})
     event = F.col("_reason").isNull()
-    raw = raw.withColumn("_th", live_thresholds(raw.sparkSession, F.col("topic"), F.col("v"), str(versions)))
-    passing = [(~event, _carry(kind=F.lit("dead"), ts_ms=F.col("proc_ms"), reason=F.col("_reason"))),
-               (event & (F.size("_th.m") > F.lit(0)),
-                _carry(kind=F.lit("threshold"), rule_id=F.to_json("_th.m"), ts_ms=F.col("proc_ms")))]
+    passing = [(~event, _carry(kind=F.lit("dead"), ts_ms=F.col("proc_ms"), reason=F.col("_reason")))]
+    unreadable = None
+    if versions is not None:
+        raw = raw.withColumn("_th", live_thresholds(raw.sparkSession, F.col("topic"), F.col("v"), str(versions)))
+        passing.append((event & (F.size("_th.m") > F.lit(0)),
+                        _carry(kind=F.lit("threshold"), rule_id=F.to_json("_th.m"), ts_ms=F.col("proc_ms"))))
+        unreadable = F.col("_th.u")
     if context_topics:
         passing.append((event & F.col("in_topic").isin(*context_topics),
                         _carry(kind=F.lit("context"), ts_ms=F.col("proc_ms"))))
     return key_rows(raw, keyed, max_ahead_ms=max_ahead_ms, skipped_metric=skipped_metric, passing=passing,
-                    unreadable=F.col("_th.u"))
+                    unreadable=unreadable)
 
 
 def threshold_of(rules: Sequence[RuleRow]) -> list[RuleRow]:
@@ -403,8 +419,10 @@ def build(spark: SparkSession, cfg: DetectConfig, watermark_delay_s: float, topi
     max_ahead_ms = max(1_000, delay_ms)
     # The threshold rules are not in the plan: the ones given here are the version in
     # force when it starts (a later one is published by `run` as the registry reads it).
-    publish_versions(cfg.versions_dir, threshold_of(rules))
-    keyed, slots = event_rows(raw, rules, fed, max_ahead_ms, versions=cfg.versions_dir)
+    versions = None if cfg.real_time else cfg.versions_dir
+    if versions is not None:
+        publish_versions(versions, threshold_of(rules))
+    keyed, slots = event_rows(raw, rules, fed, max_ahead_ms, versions=versions)
     # The job watermark: bounded out-of-orderness over the event times of the rows'
     # event-time rules (`wm`; NULL on pass rows). The metadata is then projected away so
     # Spark does not drop late rows silently; the processor dead-letters them instead.
@@ -424,7 +442,7 @@ def build(spark: SparkSession, cfg: DetectConfig, watermark_delay_s: float, topi
             F.col("metric_value"), F.col("ctx_record"), F.col("emit_context"),
         )
     )
-    return _records(out, F.col("kind"), members, cfg)
+    return kafka_records(out, F.col("kind"), members, cfg)
 
 
 # The pass rows' columns besides the event's own (topic, seq, raw: the key rows'
@@ -497,6 +515,8 @@ class StatusReporter:
         self.in_force: Compiled | None = None
         self.rule_reloads = 0
         self.rule_changes_live = 0
+        # The real-time lane's query, when the threshold rules run there (threshold_lane.py).
+        self.lane: dict | None = None
         self._producer = Producer(with_bootstrap(cfg.bootstrap, ROLE, {"linger.ms": 5}))
 
     def snapshot(self) -> dict:
@@ -537,6 +557,7 @@ class StatusReporter:
             "rule_versions": self.in_force.versions() if self.in_force is not None else rules.versions(),
             "rule_reloads": self.rule_reloads,
             "rule_changes_live": self.rule_changes_live,
+            "threshold_lane": self.lane or {"mode": "micro-batch"},
             "rule_problems": self.registry.problem_count,
             # Micro-batches that failed since the job started, the last failure and what
             # was done about it, and the offset ranges whose records were quarantined.
@@ -659,6 +680,39 @@ def _start_query(spark: SparkSession, cfg: DetectConfig, delay: float, topics: l
     return query, Compiled(text)
 
 
+def _master(cfg: DetectConfig, topics: list[str]) -> str | None:
+    """The Spark master: the given one; with the real-time lane on a local master, one
+    slot more per partition of the source topics, since real-time mode keeps one task
+    running per partition the whole time, and the keyed lane's micro-batches need cores
+    beside them."""
+    master = cfg.master or os.environ.get("SPARK_MASTER")
+    if master or not cfg.real_time:
+        return master
+    partitions = sum(len(admin.topic_partitions(cfg.bootstrap, t, role=ROLE)) for t in topics)
+    return f"local[{max(2, _local_cores()) + partitions}]"
+
+
+def _local_cores() -> int:
+    return os.cpu_count() or 2
+
+
+def _restart_lane(spark: SparkSession, cfg: DetectConfig, topics: list[str], lane: StreamingQuery,
+                  status: StatusReporter) -> StreamingQuery:
+    """The lane stopped by itself: a failure. It starts again on its checkpoint (the batch
+    it was in runs again, with the versions it recorded)."""
+    from spark_jobs.streaming.threshold_lane import start_lane
+
+    error = str(lane.exception())
+    log.warning("threshold lane failed; restarting it: %s", error[:500])
+    assert status.lane is not None
+    status.lane["failures"] += 1
+    status.lane["last_failure"] = {"at": _iso(time.time()), "error": error[:2000]}
+    time.sleep(1.0)
+    lane = start_lane(spark, cfg, topics, ROLE)
+    status.lane["run_id"] = str(lane.runId)
+    return lane
+
+
 def run(cfg: DetectConfig, stop: threading.Event | None = None) -> int:
     """Run until SIGTERM/SIGINT (or `stop`), then finish the batch in flight and exit 0.
 
@@ -680,7 +734,8 @@ def run(cfg: DetectConfig, stop: threading.Event | None = None) -> int:
                             on_problem=lambda p: report_rule_problem(cfg, dlq, p))
     registry.start()
     delay = job_watermark_delay_s(list(registry.current().rules.values()))
-    spark = session("detection-job", master=cfg.master, streaming=True, extra={
+    topics = source_topics(cfg, registry.current().topics())
+    spark = session("detection-job", master=_master(cfg, topics), streaming=True, extra={
         "spark.sql.streaming.stateStore.providerClass": STATE_STORE,
         # Each micro-batch writes a changelog of the keys it changed per state partition;
         # a full RocksDB snapshot (checkpoint, zip, upload) is made in the background every
@@ -696,11 +751,17 @@ def run(cfg: DetectConfig, stop: threading.Event | None = None) -> int:
         # JVM CPU per event; no "Code grows beyond 64 KB" in the job's log).
         "spark.sql.codegen.maxFields": str(CODEGEN_MAX_FIELDS),
     })
-    topics = source_topics(cfg, registry.current().topics())
     quarantine = Quarantine(cfg.checkpoint)
     status = StatusReporter(cfg, registry, delay, topics, quarantine)
     query, status.in_force = _start_query(spark, cfg, delay, topics, quarantine)
     status.query_id, status.run_id, status.state = str(query.id), str(query.runId), "running"
+    lane = None
+    if cfg.real_time:
+        from spark_jobs.streaming.threshold_lane import start_lane
+
+        publish_versions(cfg.lane_versions_dir, status.in_force.threshold_rows(cfg.state_dir / RULE_DEFS))
+        lane = start_lane(spark, cfg, topics, ROLE)
+        status.lane = {"mode": "real-time", "query_id": str(lane.id), "run_id": str(lane.runId), "failures": 0}
     log.info("detection job started: query %s, watermark delay %ss", query.id, delay)
     status.publish()
     exit_code = 0
@@ -726,10 +787,13 @@ def run(cfg: DetectConfig, stop: threading.Event | None = None) -> int:
                     reload = new.keyed() != status.in_force.keyed()
                     if reload:
                         break
-                    publish_versions(cfg.versions_dir, new.threshold_rows(cfg.state_dir / RULE_DEFS))
+                    publish_versions(cfg.lane_versions_dir if cfg.real_time else cfg.versions_dir,
+                                     new.threshold_rows(cfg.state_dir / RULE_DEFS))
                     status.in_force = new
                     status.rule_changes_live += 1
                     log.info("threshold rules changed: versions %s from the next batch", new.versions())
+                if lane is not None and not lane.isActive and not stop.is_set():
+                    lane = _restart_lane(spark, cfg, topics, lane, status)
                 status.publish()
             if reload and not stop.is_set():
                 _stop_after_batch_in_flight(query)
@@ -758,6 +822,8 @@ def run(cfg: DetectConfig, stop: threading.Event | None = None) -> int:
             status.run_id = str(query.runId)
             status.publish()
     finally:
+        if lane is not None and lane.isActive:
+            lane.stop()
         status.publish()
         status.close()
         registry.stop()

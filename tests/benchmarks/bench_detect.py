@@ -54,9 +54,10 @@ from spark_jobs.rules.model import parse_rule  # noqa: E402
 
 
 def consume_latencies(bootstrap: str, stop: threading.Event, out: list[float],
-                      first_v2: list[float] | None = None) -> None:
-    """Latencies (ms) from produce to the sink into `out`; the time the first detection
-    of a version "2" rule was read into `first_v2`."""
+                      first_v2: list[float] | None = None, by_type: dict[str, list[float]] | None = None) -> None:
+    """Latencies (ms) from produce to the sink into `out` (and per rule type into
+    `by_type`); the time the first detection of a version "2" rule was read into
+    `first_v2`."""
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench", "enable.auto.commit": False})
     c.assign([TopicPartition("events.processed", 0, 0)])
     while not stop.is_set():
@@ -68,6 +69,8 @@ def consume_latencies(bootstrap: str, stop: threading.Event, out: list[float],
             sent = ev.get("sent_ms")
             if sent and not ev.get("warmup"):
                 out.append(now - sent)
+                if by_type is not None:
+                    by_type.setdefault(ev.get("rule_type", "?"), []).append(now - sent)
             if first_v2 is not None and not first_v2 and ev.get("rule_version") == "2":
                 first_v2.append(time.time())
     c.close()
@@ -193,6 +196,8 @@ def main() -> None:
     ap.add_argument("--timeout", type=int, default=1800, help="give up waiting for the job after this many seconds")
     ap.add_argument("--rare-rules", type=int, default=0, help="more threshold rules, each matching ~1 event in 10k")
     ap.add_argument("--rule-change", action="store_true", help="publish version 2 of every threshold rule halfway")
+    ap.add_argument("--threshold-lane", choices=["micro-batch", "real-time"], default="micro-batch",
+                    help="rulectl detect --threshold-lane")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-detect-"))
     with EmbeddedBroker(port=free_port()) as broker:
@@ -202,12 +207,15 @@ def main() -> None:
         rules = [parse_rule(r) for r in [*yaml.safe_load((rules_dir / "bench.yaml").read_text()),
                                          *rare_rules(args.rare_rules)]]
         publish_rules(rules, broker.bootstrap)
-        job = DetectJob(broker.bootstrap, work / "job", trigger_ms=args.trigger_ms)
+        job = DetectJob(broker.bootstrap, work / "job", trigger_ms=args.trigger_ms,
+                        extra_args=("--threshold-lane", args.threshold_lane))
         job.start(timeout=300)
         lat: list[float] = []
         first_v2: list[float] = []
+        by_type: dict[str, list[float]] = {}
         stop = threading.Event()
-        t = threading.Thread(target=consume_latencies, args=(broker.bootstrap, stop, lat, first_v2), daemon=True)
+        t = threading.Thread(target=consume_latencies, args=(broker.bootstrap, stop, lat, first_v2, by_type),
+                             daemon=True)
         t.start()
         if args.warmup:
             produce_events(broker.bootstrap, args.rate, args.warmup, args.users, warmup=True, rare=args.rare_rules)
@@ -235,12 +243,18 @@ def main() -> None:
           f"trigger {args.trigger_ms} ms, {args.users} users, warm-up {args.warmup} s")
     print(f"produced {total} events in {produced_s:.1f}s (target {args.rate}/s); job caught up after {done_s:.1f}s")
     figures = print_rate_and_latency(total, done_s, lat, "detection")
+    for rule_type in ("threshold", "velocity"):
+        if by_type.get(rule_type):
+            typed = sorted(by_type[rule_type])
+            p50, p99 = statistics.median(typed), typed[min(len(typed) - 1, int(len(typed) * 0.99))]
+            print(f"{rule_type} detections: {len(typed)}; p50 {p50 / 1000:.2f}s p99 {p99 / 1000:.2f}s")
+            figures.update({f"{rule_type}_p50_s": round(p50 / 1000, 2), f"{rule_type}_p99_s": round(p99 / 1000, 2)})
     figures.update(print_batches(batches), produced_s=round(produced_s, 1), caught_up_s=round(done_s, 1))
     if change:
         print("rule change: " + ", ".join(f"{k} {v}" for k, v in change.items()))
         figures.update({f"rule_change_{k}": v for k, v in change.items()})
     append_result("detect", figures, rate=args.rate, seconds=args.seconds, users=args.users,
-                  trigger_ms=args.trigger_ms, warmup_s=args.warmup, rules=len(rules))
+                  trigger_ms=args.trigger_ms, warmup_s=args.warmup, rules=len(rules), threshold_lane=args.threshold_lane)
 
 
 if __name__ == "__main__":
