@@ -74,10 +74,14 @@ BENCHES = {
         "Live throughput and latency: an embedded broker and `rulectl detect`, events produced at a target "
         "rate; the sustained rate and p50/p99 produce-to-detection latency; `--warmup S` leaves a first load out; "
         "`--rare-rules N` adds N threshold rules that each match about one event in ten thousand; "
-        "`--rule-change` publishes version 2 of every threshold rule halfway and times it to the sink.",
+        "`--rule-change` publishes version 2 of every threshold rule halfway and times it to the sink; "
+        "`--threshold-lane real-time` runs the threshold rules in the real-time lane.",
         f"{PY}bench_detect.py --rate 20000 --seconds 30 --users 2000 --warmup 20",
-        [("rate", "target events/s"), ("seconds", "s"), ("warmup_s", "warm-up s"), ("rules", "rules")],
+        [("rate", "target events/s"), ("seconds", "s"), ("warmup_s", "warm-up s"), ("rules", "rules"),
+         ("threshold_lane", "threshold lane")],
         [("events_per_s", "sustained events/s"), ("latency_p50_s", "p50 s"), ("latency_p99_s", "p99 s"),
+         ("threshold_p50_s", "threshold p50 s"), ("threshold_p99_s", "threshold p99 s"),
+         ("velocity_p99_s", "velocity p99 s"),
          ("rule_change_changed_rules", "rules changed"),
          ("rule_change_publish_to_first_v2_detection_s", "publish → first new-version detection s"),
          ("rule_change_query_restarts", "query restarts for it")]),
@@ -179,6 +183,18 @@ BENCHES = {
         [("spark_version", "Spark"), ("batch_duration", "batch duration")],
         [("stateless_accepted", "stateless accepted"), ("stateful_accepted", "live plan accepted"),
          ("bypass_first_result_s", "allowlist off: first result s")]),
+    "lanes": Bench(
+        "bench_lanes.py",
+        "Each live lane against its floor in one run on one broker: Spark's minimal real-time query "
+        "(Kafka -> parse -> Kafka) under the threshold lane, Kafka -> parse -> groupBy(key).count() -> Kafka in "
+        "micro-batches under the velocity rules, and `rulectl detect --threshold-lane real-time` with 62, 300 and "
+        "1,000 rules in force; p99 as a ratio to the floor's.",
+        f"{PY}bench_lanes.py --rate 5000 --seconds 30 --rules 62,300,1000",
+        [("rate", "events/s"), ("rules", "rules")],
+        [("stateless_floor_p99_s", "stateless floor p99 s"), ("threshold_p50_s", "threshold p50 s"),
+         ("threshold_p99_s", "threshold p99 s"), ("threshold_p99_over_floor", "threshold p99 / floor"),
+         ("keyed_floor_p99_s", "keyed floor p99 s"), ("velocity_p50_s", "velocity p50 s"),
+         ("velocity_p99_s", "velocity p99 s"), ("velocity_p99_over_floor", "velocity p99 / floor")]),
 }
 
 
