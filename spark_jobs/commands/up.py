@@ -118,6 +118,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--trigger-ms", type=int, default=None, help="detection job micro-batch trigger interval")
     p.add_argument(
+        "--threshold-lane", choices=["real-time", "micro-batch"], default="real-time",
+        help="where the detection job runs threshold rules (rulectl detect --threshold-lane; default: real-time)",
+    )
+    p.add_argument(
         "--rules", default=str(PROJECT_ROOT / "rules"), metavar="DIR", help="rules to publish at start"
     )
     p.add_argument("--workdir", default="var", help="state, checkpoints and logs (default: ./var)")
@@ -249,6 +253,7 @@ def detect_spec(args: argparse.Namespace, bootstrap: str, paths: Paths) -> Child
     )  # fmt: skip
     if args.trigger_ms is not None:
         argv += ["--trigger-ms", str(args.trigger_ms)]
+    argv += ["--threshold-lane", args.threshold_lane]
     return ChildSpec(
         name="detect",
         stop_group=JOBS,

@@ -688,7 +688,9 @@ def _master(cfg: DetectConfig, topics: list[str]) -> str | None:
     master = cfg.master or os.environ.get("SPARK_MASTER")
     if master or not cfg.real_time:
         return master
-    partitions = sum(len(admin.topic_partitions(cfg.bootstrap, t, role=ROLE)) for t in topics)
+    known = admin.list_topics(cfg.bootstrap, role=ROLE)
+    # A topic not created yet gets its first partition when it is: count it.
+    partitions = sum(max(1, len(known.get(t, []))) for t in topics)
     return f"local[{max(2, _local_cores()) + partitions}]"
 
 

@@ -115,6 +115,7 @@ def test_plan_starts_detect_demo_airflow_in_that_order_with_workdir_paths(tmp_pa
     assert argv[argv.index("--bootstrap") + 1] == "127.0.0.1:19092"
     assert Path(argv[argv.index("--checkpoint") + 1]).is_relative_to(tmp_path)
     assert Path(argv[argv.index("--status-file") + 1]).is_relative_to(tmp_path)
+    assert argv[argv.index("--threshold-lane") + 1] == "real-time"  # sub-second threshold alerts
     assert detect.stop_signal == signal.SIGTERM  # the job's graceful stop
     paths.status_file.parent.mkdir(parents=True)
     paths.status_file.write_text("{}")  # a previous run's status must not count as "ready"
