@@ -121,13 +121,10 @@ class DetectConfig:
 
     @property
     def versions_dir(self) -> Path:
-        """The threshold rule-set versions of the query's micro-batches (rule_versions.py)."""
-        return (self.state_dir / "versions").resolve()
-
-    @property
-    def lane_versions_dir(self) -> Path:
-        """The threshold rule-set versions of the real-time lane's batches."""
-        return (self.state_dir / "lane-versions").resolve()
+        """The threshold rule-set versions (rule_versions.py) of the batches of the query
+        that judges the threshold rules: the real-time lane's or the keyed query's. Two
+        directories, since each query numbers its batches from 0."""
+        return (self.state_dir / ("lane-versions" if self.real_time else "versions")).resolve()
 
     @property
     def real_time(self) -> bool:
@@ -419,10 +416,8 @@ def build(spark: SparkSession, cfg: DetectConfig, watermark_delay_s: float, topi
     max_ahead_ms = max(1_000, delay_ms)
     # The threshold rules are not in the plan: the ones given here are the version in
     # force when it starts (a later one is published by `run` as the registry reads it).
-    versions = None if cfg.real_time else cfg.versions_dir
-    if versions is not None:
-        publish_versions(versions, threshold_of(rules))
-    keyed, slots = event_rows(raw, rules, fed, max_ahead_ms, versions=versions)
+    publish_versions(cfg.versions_dir, threshold_of(rules))
+    keyed, slots = event_rows(raw, rules, fed, max_ahead_ms, versions=None if cfg.real_time else cfg.versions_dir)
     # The job watermark: bounded out-of-orderness over the event times of the rows'
     # event-time rules (`wm`; NULL on pass rows). The metadata is then projected away so
     # Spark does not drop late rows silently; the processor dead-letters them instead.
@@ -691,11 +686,7 @@ def _master(cfg: DetectConfig, topics: list[str]) -> str | None:
     known = admin.list_topics(cfg.bootstrap, role=ROLE)
     # A topic not created yet gets its first partition when it is: count it.
     partitions = sum(max(1, len(known.get(t, []))) for t in topics)
-    return f"local[{max(2, _local_cores()) + partitions}]"
-
-
-def _local_cores() -> int:
-    return os.cpu_count() or 2
+    return f"local[{max(2, os.cpu_count() or 2) + partitions}]"
 
 
 def _restart_lane(spark: SparkSession, cfg: DetectConfig, topics: list[str], lane: StreamingQuery,
@@ -761,13 +752,13 @@ def run(cfg: DetectConfig, stop: threading.Event | None = None) -> int:
     if cfg.real_time:
         from spark_jobs.streaming.threshold_lane import start_lane
 
-        publish_versions(cfg.lane_versions_dir, status.in_force.threshold_rows(cfg.state_dir / RULE_DEFS))
         lane = start_lane(spark, cfg, topics, ROLE)
         status.lane = {"mode": "real-time", "query_id": str(lane.id), "run_id": str(lane.runId), "failures": 0}
     log.info("detection job started: query %s, watermark delay %ss", query.id, delay)
     status.publish()
     exit_code = 0
     last_batch = None
+    pruned = 0
     try:
         while True:
             reload = False
@@ -778,8 +769,11 @@ def run(cfg: DetectConfig, stop: threading.Event | None = None) -> int:
                     last_batch = p.get("batchId")
                     status.progress = p
                     status.count_unreadable(p)
-                    if last_batch is not None and last_batch % PRUNE_EVERY == 0:
-                        prune_versions(cfg.versions_dir, last_batch - KEEP_BATCH_VERSIONS)
+                # The versions of the batches of the query that judges the threshold rules.
+                judged = ((lane or query).lastProgress or {}).get("batchId")
+                if judged is not None and judged - pruned >= PRUNE_EVERY:
+                    prune_versions(cfg.versions_dir, judged - KEEP_BATCH_VERSIONS)
+                    pruned = judged
                 snapshot = read_snapshot(cfg.state_dir / "rules.json")
                 if snapshot != status.in_force.snapshot:
                     new = Compiled(snapshot)
@@ -789,8 +783,7 @@ def run(cfg: DetectConfig, stop: threading.Event | None = None) -> int:
                     reload = new.keyed() != status.in_force.keyed()
                     if reload:
                         break
-                    publish_versions(cfg.lane_versions_dir if cfg.real_time else cfg.versions_dir,
-                                     new.threshold_rows(cfg.state_dir / RULE_DEFS))
+                    publish_versions(cfg.versions_dir, new.threshold_rows(cfg.state_dir / RULE_DEFS))
                     status.in_force = new
                     status.rule_changes_live += 1
                     log.info("threshold rules changed: versions %s from the next batch", new.versions())

@@ -56,7 +56,7 @@ def lane_records(spark: SparkSession, cfg: DetectConfig, topics: list[str], role
         F.unix_millis("timestamp").alias("proc_ms"),
     ))
     judged = events.select("topic", "seq", "raw", live_thresholds(
-        spark, F.col("topic"), F.col("v"), str(cfg.lane_versions_dir)).alias("_th"))
+        spark, F.col("topic"), F.col("v"), str(cfg.versions_dir)).alias("_th"))
     hits = judged.select("topic", "seq", "raw", F.explode("_th.m").alias("_t"))
     rows = hits.select(
         F.col("_t.rule_id").alias("rule_id"), F.col("_t.rule_version").alias("rule_version"),
