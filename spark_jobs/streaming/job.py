@@ -508,6 +508,8 @@ class StatusReporter:
         # The rule set the running query evaluates, how often rule changes restarted it
         # (a keyed rule changed) and how often they applied without (thresholds only).
         self.in_force: Compiled | None = None
+        # A threshold change published for the next batch, until it is in force.
+        self.pending: Compiled | None = None
         self.rule_reloads = 0
         self.rule_changes_live = 0
         # The real-time lane's query, when the threshold rules run there (threshold_lane.py).
@@ -550,6 +552,7 @@ class StatusReporter:
             # The versions the running query evaluates (a change applies once the
             # query has restarted with it: in_force), not those the registry has read.
             "rule_versions": self.in_force.versions() if self.in_force is not None else rules.versions(),
+            "rule_versions_next": self.pending.versions() if self.pending is not None else None,
             "rule_reloads": self.rule_reloads,
             "rule_changes_live": self.rule_changes_live,
             "threshold_lane": self.lane or {"mode": "micro-batch"},
@@ -689,6 +692,21 @@ def _master(cfg: DetectConfig, topics: list[str]) -> str | None:
     return f"local[{max(2, os.cpu_count() or 2) + partitions}]"
 
 
+def _last_batch(query: StreamingQuery) -> int:
+    """The id of the query's last finished batch (-1 before the first), read after a
+    version was published: a batch after it starts after the publish."""
+    return int((query.lastProgress or {}).get("batchId", -1))
+
+
+def _started_since(query: StreamingQuery, finished: int) -> bool:
+    """Whether every batch still to judge an event started after the publish that
+    `finished` was read at: the batch that was in flight then has finished, or no batch
+    is running (a micro-batch query between triggers; the next one reads the new
+    version). A batch takes its version when its first task asks (BatchVersions), so an
+    event that arrives after this judges with the new version."""
+    return _last_batch(query) > finished or not query.status.get("isTriggerActive", True)
+
+
 def _restart_lane(spark: SparkSession, cfg: DetectConfig, topics: list[str], lane: StreamingQuery,
                   status: StatusReporter) -> StreamingQuery:
     """The lane stopped by itself: a failure. It starts again on its checkpoint (the batch
@@ -759,6 +777,9 @@ def run(cfg: DetectConfig, stop: threading.Event | None = None) -> int:
     exit_code = 0
     last_batch = None
     pruned = 0
+    # A threshold change published to the versions directory is in force (and the status
+    # says so) only once no batch that may have taken the old version is still running.
+    pending_after = -1
     try:
         while True:
             reload = False
@@ -775,7 +796,7 @@ def run(cfg: DetectConfig, stop: threading.Event | None = None) -> int:
                     prune_versions(cfg.versions_dir, judged - KEEP_BATCH_VERSIONS)
                     pruned = judged
                 snapshot = read_snapshot(cfg.state_dir / "rules.json")
-                if snapshot != status.in_force.snapshot:
+                if snapshot != (status.pending or status.in_force).snapshot:
                     new = Compiled(snapshot)
                     # New keyed rules are a new plan (compiled.py): after the batch in
                     # flight, the query restarts on its checkpoint (same query id, state
@@ -784,9 +805,12 @@ def run(cfg: DetectConfig, stop: threading.Event | None = None) -> int:
                     if reload:
                         break
                     publish_versions(cfg.versions_dir, new.threshold_rows(cfg.state_dir / RULE_DEFS))
-                    status.in_force = new
-                    status.rule_changes_live += 1
+                    status.pending = new
+                    pending_after = _last_batch(lane or query)
                     log.info("threshold rules changed: versions %s from the next batch", new.versions())
+                if status.pending is not None and _started_since(lane or query, pending_after):
+                    status.in_force, status.pending = status.pending, None
+                    status.rule_changes_live += 1
                 if lane is not None and not lane.isActive and not stop.is_set():
                     lane = _restart_lane(spark, cfg, topics, lane, status)
                 status.publish()
@@ -794,6 +818,7 @@ def run(cfg: DetectConfig, stop: threading.Event | None = None) -> int:
                 _stop_after_batch_in_flight(query)
                 if query.exception() is None:
                     query, status.in_force = _start_query(spark, cfg, delay, topics, quarantine)
+                    status.pending = None
                     status.run_id = str(query.runId)
                     status.rule_reloads += 1
                     log.info("rules changed: query restarted with versions %s", status.in_force.versions())
@@ -814,6 +839,7 @@ def run(cfg: DetectConfig, stop: threading.Event | None = None) -> int:
                 break
             log.warning("detection query failed (%s); restarting it: %s", decision, error[:500])
             query, status.in_force = _start_query(spark, cfg, delay, topics, quarantine)
+            status.pending = None
             status.run_id = str(query.runId)
             status.publish()
     finally:

@@ -55,3 +55,30 @@ def test_prune_keeps_a_new_spec_no_batch_names_yet(tmp_path):
     # Not `current` any more and named by no batch, but written just now: a batch that
     # read `current` a moment ago may be recording it.
     assert (tmp_path / "specs" / f"{first}.json").exists()
+
+
+class _Query:
+    """A streaming query as the run loop sees it: its last progress and trigger state."""
+
+    def __init__(self, batch: int | None, active: bool) -> None:
+        self.lastProgress = None if batch is None else {"batchId": batch}
+        self.status = {"isTriggerActive": active}
+
+
+def test_a_change_is_in_force_only_once_the_batch_in_flight_at_its_publish_has_finished():
+    from spark_jobs.streaming.job import _last_batch, _started_since
+
+    # Published while batch 8 ran (7 had finished): batch 8 may hold the old version.
+    running = _Query(7, active=True)
+    finished = _last_batch(running)
+    assert finished == 7
+    assert not _started_since(running, finished)
+    assert not _started_since(_Query(7, active=True), finished)
+    # Batch 8 has finished: whatever runs now started after the publish.
+    assert _started_since(_Query(8, active=True), finished)
+    # No batch running (a micro-batch query between triggers): the next one reads it.
+    assert _started_since(_Query(7, active=False), finished)
+    # Before the first batch finished, batch 0 may be the one in flight.
+    assert _last_batch(_Query(None, active=True)) == -1
+    assert not _started_since(_Query(None, active=True), -1)
+    assert _started_since(_Query(0, active=True), -1)
