@@ -62,23 +62,14 @@ def thresholds(spark: SparkSession, topic: Column, v: Column, spec: str) -> Colu
     return ClassicColumn(entry.thresholds(topic._jc, v._jc, spec))
 
 
-def live_thresholds(spark: SparkSession, topic: Column, v: Column, versions_dir: str,
-                    seq: Column | None = None) -> Column:
+def live_thresholds(spark: SparkSession, topic: Column, v: Column, versions_dir: str) -> Column:
     """struct<m: array<struct<rule_id, rule_version, rule_name>>, u: array<string>>: as
     `thresholds`, the rules named by what they are, judged by the rule-set version of the
     running micro-batch, which the evaluator reads from `versions_dir`
-    (streaming/rule_versions.py): the plan does not hold the rules. With `seq` (each
-    record's partition << 40 | offset: the real-time lane), by the version recorded for
-    the record, which follows a change within LANE_POLL_S (LaneVersions)."""
+    (streaming/rule_versions.py): the plan does not hold the rules."""
     from pyspark.sql.classic.column import Column as ClassicColumn
 
     entry = jvm_class(spark, EVALUATOR_CLASS)
     if entry is None:
         raise NotImplementedError("the live rule-set evaluator on Spark Connect")
-    if seq is not None:
-        return ClassicColumn(entry.laneThresholds(topic._jc, v._jc, seq._jc, versions_dir))
     return ClassicColumn(entry.liveThresholds(topic._jc, v._jc, versions_dir))
-
-
-# How stale a real-time task's view of the version in force may be (LaneVersions.POLL_MS).
-LANE_POLL_S = 0.2

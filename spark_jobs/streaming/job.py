@@ -66,7 +66,7 @@ from pyspark.sql.streaming import StreamingQuery
 from spark_jobs.engine.correlation import correlation_members
 from spark_jobs.engine.detections import detection_id, detection_value, head_of, processed_clock
 from spark_jobs.engine.events import classify, parse_variant, with_reasons
-from spark_jobs.engine.rule_set import LANE_POLL_S, live_thresholds
+from spark_jobs.engine.rule_set import live_thresholds
 from spark_jobs.engine.velocity import velocity_members
 from spark_jobs.kafka import admin
 from spark_jobs.kafka.client_config import with_bootstrap
@@ -730,14 +730,6 @@ def _started_since(query: StreamingQuery, finished: int) -> bool:
     return _last_batch(query) > finished or not query.status.get("isTriggerActive", True)
 
 
-def _lane_follows(lane: StreamingQuery, published_at: float) -> bool:
-    """Whether the real-time lane judges every record from now on with a version
-    published at `published_at` (time.monotonic): its tasks look at the version in
-    force at most every LANE_POLL_S. A batch run again after a crash does not switch
-    (LaneVersions), so after a (re)start the lane's first batch must have finished."""
-    return time.monotonic() - published_at >= LANE_POLL_S + 0.3 and _last_batch(lane) >= 0
-
-
 def _restart_lane(spark: SparkSession, cfg: DetectConfig, topics: list[str], lane: StreamingQuery,
                   status: StatusReporter, quarantine: Quarantine) -> StreamingQuery | None:
     """The lane stopped by itself: a failure. It starts again on its checkpoint (the batch
@@ -806,10 +798,7 @@ def run(cfg: DetectConfig, stop: threading.Event | None = None) -> int:
     quarantine = Quarantine(cfg.checkpoint)
     status = StatusReporter(cfg, registry, delay, topics, quarantine)
     query, status.in_force = _start_query(spark, cfg, delay, topics, quarantine)
-    # With the real-time lane, "running" waits for the lane's first batch: that batch may
-    # be one a crash cut short, run again with the versions it recorded (LaneVersions).
-    status.query_id, status.run_id = str(query.id), str(query.runId)
-    status.state = "starting" if cfg.real_time else "running"
+    status.query_id, status.run_id, status.state = str(query.id), str(query.runId), "running"
     lane = None
     lane_quarantine = Quarantine(cfg.checkpoint, "lane")
     if cfg.real_time:
@@ -823,7 +812,7 @@ def run(cfg: DetectConfig, stop: threading.Event | None = None) -> int:
     pruned = 0
     # A threshold change published to the versions directory is in force (and the status
     # says so) only once no batch that may have taken the old version is still running.
-    pending_after, published_at = -1, 0.0
+    pending_after = -1
     try:
         while True:
             reload = False
@@ -834,8 +823,6 @@ def run(cfg: DetectConfig, stop: threading.Event | None = None) -> int:
                     last_batch = p.get("batchId")
                     status.progress = p
                     status.count_unreadable(p)
-                if status.state == "starting" and lane is not None and _last_batch(lane) >= 0:
-                    status.state = "running"
                 lp = lane.lastProgress if lane is not None else None
                 if lp is not None and lp.get("batchId") != (status.lane_progress or {}).get("batchId"):
                     status.lane_progress = lp
@@ -856,11 +843,9 @@ def run(cfg: DetectConfig, stop: threading.Event | None = None) -> int:
                         break
                     publish_versions(cfg.versions_dir, new.threshold_rows(cfg.state_dir / RULE_DEFS))
                     status.pending = new
-                    pending_after, published_at = _last_batch(lane or query), time.monotonic()
-                    log.info("threshold rules changed: versions %s published", new.versions())
-                if status.pending is not None and (
-                        _lane_follows(lane, published_at) if lane is not None
-                        else _started_since(query, pending_after)):
+                    pending_after = _last_batch(lane or query)
+                    log.info("threshold rules changed: versions %s from the next batch", new.versions())
+                if status.pending is not None and _started_since(lane or query, pending_after):
                     status.in_force, status.pending = status.pending, None
                     status.rule_changes_live += 1
                 if lane is not None and not lane.isActive and not stop.is_set():

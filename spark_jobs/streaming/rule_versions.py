@@ -11,8 +11,6 @@ versions it had the first time: the same detections, the same detection ids.
                           the SHA-256 of its text; written once, never changed
     DIR/current           the HASH the next batch takes (written by the driver)
     DIR/batches/ID        the HASH batch ID took (written by the batch's first task)
-    DIR/batches/ID/T-P    the real-time lane's: lines of "OFFSET HASH", from which offset
-                          of partition P of topic T each version judged (LaneVersions.java)
 
 Every file is written whole under another name and then renamed (or linked), so a
 reader never sees part of one. The directory must be readable and writable by the
@@ -23,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -66,18 +63,7 @@ def batch_versions(versions_dir: Path) -> dict[int, str]:
     folder = versions_dir / BATCHES
     if not folder.is_dir():
         return {}
-    return {int(p.name): p.read_text().strip() for p in folder.iterdir() if p.name.isdigit() and p.is_file()}
-
-
-def lane_batch_versions(versions_dir: Path) -> dict[int, set[str]]:
-    """The hashes each recorded real-time batch used, by batch id: its
-    `batches/ID/TOPIC-PARTITION` files, lines of "OFFSET HASH" (LaneVersions.java)."""
-    folder = versions_dir / BATCHES
-    if not folder.is_dir():
-        return {}
-    return {int(d.name): {line.split()[1] for f in d.iterdir() if not f.name.startswith(".")
-                          for line in f.read_text().splitlines() if len(line.split()) == 2}
-            for d in folder.iterdir() if d.name.isdigit() and d.is_dir()}
+    return {int(p.name): p.read_text().strip() for p in folder.iterdir() if p.name.isdigit()}
 
 
 # A spec no batch names yet may be the one a starting batch is recording: it stays this
@@ -95,11 +81,6 @@ def prune(versions_dir: Path, before_batch: int) -> None:
             (versions_dir / BATCHES / str(batch)).unlink(missing_ok=True)
         else:
             kept.add(digest)
-    for batch, digests in lane_batch_versions(versions_dir).items():
-        if batch < before_batch:
-            shutil.rmtree(versions_dir / BATCHES / str(batch), ignore_errors=True)
-        else:
-            kept |= digests
     old = time.time() - SPEC_GRACE_S
     for spec in (versions_dir / SPECS).glob("*.json"):
         if spec.stem not in kept and spec.stat().st_mtime < old:

@@ -7,18 +7,16 @@ writes each record as it arrives. The lane is its own query beside the keyed one
   Kafka records (Spark's Kafka connector, the job's source topics, offsets in
   CHECKPOINT/lane)
     -> parse to VARIANT (events.classify)
-    -> the threshold rules judged by the rule-set evaluator, each record with the
-       version recorded for it (rule_set.live_thresholds with `seq`,
-       CHECKPOINT/rules/lane-versions: rule_versions.py, LaneVersions.java)
+    -> the threshold rules judged by the rule-set evaluator, with the version of the
+       running batch (rule_set.live_thresholds, CHECKPOINT/rules/lane-versions:
+       rule_versions.py)
     -> one detection record per (event, rule it passes) -> the sink; a record that
        is no event -> its dead letter
 
-A threshold rule change is published as the next version (no restart). Each
-partition's task looks at the version in force at most every LANE_POLL_S before it
-judges a record, and records the offset from which a new version judges; a batch run
-again after a crash follows that record, so it judges every record as the first run
-did (and writes the same detection ids). The keyed lane then judges no threshold rule
-and dead-letters only the records it quarantined.
+A real-time batch lasts LANE_BATCH_S: a threshold rule change is published as the next
+version and the next batch takes it (no restart), and a batch run again after a crash
+takes the version it recorded, as the keyed lane's micro-batches do. The keyed lane
+then judges no threshold rule and dead-letters only the records it quarantined.
 """
 
 from __future__ import annotations
@@ -37,12 +35,10 @@ from spark_jobs.streaming.quarantine import OffsetRange, Quarantine
 if TYPE_CHECKING:
     from spark_jobs.streaming.job import DetectConfig
 
-# Seconds a real-time batch lasts. A rule change does not wait for a batch boundary, so
-# this only sets how often offsets are committed and the status hears of the lane (its
-# lag, unreadable counts), and how much a crash replays; each batch costs the driver a
-# plan and two log writes, whether records came or not. bench_live_floor.py --real-time
-# measured the stateless floor's p99 the same with 1 s and 20 s batches (docs/benchmarks.md).
-LANE_BATCH_S = 5
+# Seconds a real-time batch lasts: how long a rule change waits for the next one.
+# bench_live_floor.py --real-time measured the stateless floor's p99 the same with 1 s
+# and 20 s batches (docs/benchmarks.md).
+LANE_BATCH_S = 1
 # The observed metric of the values the lane's rules could not read.
 LANE_SKIPPED = "skipped_lane"
 # Spark refuses real-time batches shorter than this setting (5 s by default).
@@ -58,7 +54,7 @@ def lane_records(spark: SparkSession, cfg: DetectConfig, topics: list[str],
     events = classify(job._input(spark, cfg, topics, quarantined=quarantined, real_time=True))
     events = events.withColumn("_reason", F.coalesce(F.col("_quarantine"), F.col("_reason")))
     judged = events.select("topic", "seq", "raw", "_reason", live_thresholds(
-        spark, F.col("topic"), F.col("v"), str(cfg.versions_dir), seq=F.col("seq")).alias("_th"))
+        spark, F.col("topic"), F.col("v"), str(cfg.versions_dir)).alias("_th"))
     # Per real-time batch, as the keyed query observes its own (StatusReporter.count_unreadable).
     judged = judged.observe(LANE_SKIPPED, F.flatten(F.collect_list(
         F.when(F.size("_th.u") > F.lit(0), F.col("_th.u")))).alias("rows"))

@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from pathlib import Path
 
 import pytest
 from detect_harness import DetectJob, detections, produce, wait_detections
@@ -93,52 +92,3 @@ def test_threshold_rules_run_in_the_real_time_lane_and_change_without_a_restart(
     assert dead[0]["reason"] == "not valid JSON"
     job.wait_for(lambda s: s["unreadable"].get("big_payment") == {"value at $['amount'] is not a number": 1})
 
-
-
-FAULTY_DETECT = Path(__file__).resolve().parents[1] / "faulty_detect.py"
-MARKER = "__stall_here__"
-
-
-def test_a_real_time_batch_run_again_after_a_crash_follows_its_recorded_versions(tmp_path):
-    """The lane's task records from which offset each version judged its partition: killed
-    in the middle of a batch after a rule change, the job runs the batch again with the
-    versions the first run used (same detections, same ids), not the newer one."""
-    broker = EmbeddedBroker(port=free_port(), data_dir=tmp_path / "kafka").start()
-    try:
-        bs = broker.bootstrap
-        create_topics(bs, [TOPIC])
-        publish_rules([parse_rule(BIG)], bs)
-        lane = ("--threshold-lane", "real-time")
-        stalling = DetectJob(bs, tmp_path / "job", cli=(str(FAULTY_DETECT), "--stall", "600", MARKER),
-                             extra_args=lane)
-        stalling.start()
-        p1 = json.dumps({"pay": "p1", "amount": 50})
-        # p1, then a record that holds the partition's task: the batch stays in flight.
-        produce(bs, TOPIC, [p1, json.dumps({"pay": "stall", "amount": 1, "note": MARKER})])
-        wait_detections(bs, "events.processed", lambda d: any(x.get("pay") == "p1" for x in d))
-        versions = stalling.checkpoint / "rules" / "lane-versions"
-        # The batch in flight (the stall's) recorded the version its first record met.
-        record = max((versions / "batches").glob(f"*/{TOPIC}-0"), key=lambda p: int(p.parent.name))
-        took = record.read_text()
-        assert took.split()[1:] == [(versions / "current").read_text().strip()], took
-        # Version 2 passes p1 too: judged again by it, p1 would get a second detection.
-        publish_rules([parse_rule({**BIG, "version": "2", "conditions": [
-            {"field": "amount", "operator": ">", "value": 20}]})], bs)
-        stalling.wait_for(lambda s: (versions / "current").read_text().strip() not in took)
-        stalling.kill()
-
-        job = DetectJob(bs, tmp_path / "job", extra_args=lane)
-        job.start()
-        job.wait_for(lambda s: s["rule_versions"].get("big_payment") == "2")
-        p2, p3 = json.dumps({"pay": "p2", "amount": 15}), json.dumps({"pay": "p3", "amount": 500})
-        produce(bs, TOPIC, [p2, p3])
-        wait_detections(bs, "events.processed", lambda d: any(x.get("pay") == "p3" for x in d))
-        job.wait_for(lambda s: s["threshold_lane"].get("lag") == 0)
-        assert job.stop() == 0
-        got = {(d["pay"], d["rule_version"], d["detection_id"]) for d in detections(bs)}
-        assert got == {("p1", "1", _detection_id("big_payment", "1", TOPIC, p1)),
-                       ("p3", "2", _detection_id("big_payment", "2", TOPIC, p3))}
-        # The batch run again followed the record and did not switch.
-        assert record.read_text() == took
-    finally:
-        broker.stop()

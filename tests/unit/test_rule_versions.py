@@ -9,7 +9,7 @@ import os
 import time
 
 from spark_jobs.rules.model import parse_rule
-from spark_jobs.streaming.rule_versions import batch_versions, current, lane_batch_versions, prune, publish
+from spark_jobs.streaming.rule_versions import batch_versions, current, prune, publish
 from spark_jobs.streaming.rules_source import rule_rows
 
 
@@ -46,26 +46,6 @@ def test_prune_forgets_old_batches_and_the_specs_only_they_named(tmp_path):
     prune(tmp_path, before_batch=7)
     assert batch_versions(tmp_path) == {7: kept, 8: kept}
     assert {p.stem for p in (tmp_path / "specs").iterdir()} == {kept, latest}  # latest: `current`
-
-
-def test_prune_forgets_old_real_time_batches_and_keeps_every_version_a_kept_one_switched_to(tmp_path):
-    old = publish(tmp_path, _rows("1", 10))
-    mid = publish(tmp_path, _rows("2", 20))
-    latest = publish(tmp_path, _rows("3", 30))
-    for batch, files in [(3, {"t-0": f"0 {old}\n"}), (4, {"t-0": f"7 {old}\n9 {mid}\n", "u-1": f"2 {old}\n"})]:
-        (tmp_path / "batches" / str(batch)).mkdir(parents=True)
-        for name, text in files.items():
-            (tmp_path / "batches" / str(batch) / name).write_text(text)
-    long_ago = time.time() - 3600
-    for spec in (tmp_path / "specs").iterdir():
-        os.utime(spec, (long_ago, long_ago))
-    assert lane_batch_versions(tmp_path) == {3: {old}, 4: {old, mid}}
-    prune(tmp_path, before_batch=4)
-    assert lane_batch_versions(tmp_path) == {4: {old, mid}}
-    assert {p.stem for p in (tmp_path / "specs").iterdir()} == {old, mid, latest}
-    prune(tmp_path, before_batch=5)
-    assert lane_batch_versions(tmp_path) == {}
-    assert {p.stem for p in (tmp_path / "specs").iterdir()} == {latest}
 
 
 def test_prune_keeps_a_new_spec_no_batch_names_yet(tmp_path):

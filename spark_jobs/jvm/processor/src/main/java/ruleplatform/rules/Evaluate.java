@@ -5,7 +5,6 @@ import org.apache.spark.sql.Dataset;
 import org.apache.spark.sql.Row;
 import org.apache.spark.sql.RowFactory;
 import org.apache.spark.sql.api.java.UDF2;
-import org.apache.spark.sql.api.java.UDF3;
 import org.apache.spark.sql.expressions.UserDefinedFunction;
 import org.apache.spark.sql.functions;
 import org.apache.spark.sql.types.DataType;
@@ -91,46 +90,14 @@ public final class Evaluate {
                 // Once per task: each task deserializes its own copy of this function.
                 rules = BatchVersions.forTask(dir);
             }
-            return judged(rules, topic, v);
-        }
-    }
-
-    /**
-     * The real-time lane's verdict, as `liveThresholds`, each record (`seq`: partition
-     * << 40 | offset) judged by the version LaneVersions records for it: a rule change
-     * reaches the running real-time batch, no batch boundary needed.
-     */
-    public static Column laneThresholds(Column topic, Column v, Column seq, String versionsDir) {
-        UserDefinedFunction udf = functions.udf(new LaneThresholds(versionsDir), LIVE_JUDGED).asNonNullable()
-            .withName(NAME);
-        return udf.apply(topic, v, seq);
-    }
-
-    static final class LaneThresholds implements UDF3<String, VariantVal, Long, Row> {
-        private final String dir;
-        private transient LaneVersions versions;
-
-        LaneThresholds(String dir) {
-            this.dir = dir;
-        }
-
-        @Override
-        public Row call(String topic, VariantVal v, Long seq) {
-            if (versions == null) {
-                versions = new LaneVersions(dir);  // once per task, as for LiveThresholds
+            RuleSet.Judged j = rules.thresholds(topic, v);
+            Row[] matched = new Row[j.matches.length];
+            for (int i = 0; i < matched.length; i++) {
+                String[] id = rules.identity(j.matches[i]);
+                matched[i] = RowFactory.create(id[0], id[1], id[2]);
             }
-            return judged(versions.forRecord(topic, seq), topic, v);
+            return RowFactory.create(matched, j.unreadable);
         }
-    }
-
-    static Row judged(RuleSet rules, String topic, VariantVal v) {
-        RuleSet.Judged j = rules.thresholds(topic, v);
-        Row[] matched = new Row[j.matches.length];
-        for (int i = 0; i < matched.length; i++) {
-            String[] id = rules.identity(j.matches[i]);
-            matched[i] = RowFactory.create(id[0], id[1], id[2]);
-        }
-        return RowFactory.create(matched, j.unreadable);
     }
 
     static final class Thresholds implements UDF2<String, VariantVal, Row> {
