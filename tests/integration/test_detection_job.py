@@ -213,7 +213,9 @@ def test_a_batch_run_again_after_a_crash_keeps_its_rule_versions(broker, tmp_pat
     # While that batch is stalled: version 2, which p1 does not pass.
     publish_rules([parse_rule({**rule, "version": "2", "conditions": [{"field": "amount", "operator": ">",
                                                                          "value": 100}]})], bs, topic=rules_topic)
-    stalling.wait_for(lambda s: s["rule_versions"].get("big_payment") == "2")
+    # Published, but not in force while the batch that took version 1 runs.
+    pending = stalling.wait_for(lambda s: (s.get("rule_versions_next") or {}).get("big_payment") == "2")
+    assert pending["rule_versions"]["big_payment"] == "1"
     assert (stalling.checkpoint / "rules" / "versions" / "current").read_text() != took
     assert stalling.status()["last_batch_id"] < int(in_flight.name)
     stalling.kill()
