@@ -76,7 +76,13 @@ class DetectJob:
     def stop(self, timeout: float = 90) -> int:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            # A job that does not stop must not outlive its test: it would load the
+            # machine for every test after it.
+            self.kill()
+            raise
 
     def kill(self) -> None:
         """SIGKILL the job and its JVM: a crash, nothing gets to clean up."""
