@@ -791,8 +791,8 @@ def run(cfg: DetectConfig, stop: threading.Event | None = None) -> int:
                     status.progress = p
                     status.count_unreadable(p)
                 # The versions of the batches of the query that judges the threshold rules.
-                judged = ((lane or query).lastProgress or {}).get("batchId")
-                if judged is not None and judged - pruned >= PRUNE_EVERY:
+                judged = _last_batch(lane or query)
+                if judged >= 0 and judged - pruned >= PRUNE_EVERY:
                     prune_versions(cfg.versions_dir, judged - KEEP_BATCH_VERSIONS)
                     pruned = judged
                 snapshot = read_snapshot(cfg.state_dir / "rules.json")
