@@ -132,19 +132,25 @@ def _age(value: object, now: datetime) -> float | None:
     return None if t is None else (now - t).total_seconds()
 
 
-def _stalled(history: Sequence[Mapping], now: datetime, stall_after_s: float) -> str | None:
+def _stalled(history: Sequence[Mapping], now: datetime, stall_after_s: float, lane: bool = False) -> str | None:
     """No batch for stall_after_s while the lag grew over that time: the job is stuck
-    (a restart may help), unlike a job that is merely slow (lag, but batches run)."""
-    job = history[-1]
+    (a restart may help), unlike a job that is merely slow (lag, but batches run).
+    `lane`: the same for the real-time lane (its batches and lag in `threshold_lane`)."""
+
+    def part(h: Mapping) -> Mapping:
+        return (h.get("threshold_lane") or {}) if lane else h
+
+    job = part(history[-1])
     batch_age = _age(job.get("last_batch_time"), now)
     lag = job.get("lag")
     if batch_age is None or batch_age < stall_after_s or not lag:
         return None
-    earlier = [h for h in history if (_age(h.get("updated_at"), now) or 0) >= stall_after_s / 2
-               and h.get("lag") is not None]
+    earlier = [part(h) for h in history if (_age(h.get("updated_at"), now) or 0) >= stall_after_s / 2
+               and part(h).get("lag") is not None]
     if earlier and int(lag) > int(earlier[-1]["lag"]):
-        return (f"stalled: no batch for {batch_age:.0f}s (> {stall_after_s:g}s) while the lag grew "
-                f"from {earlier[-1]['lag']} to {lag}")
+        who = "the real-time lane ran " if lane else ""
+        return (f"stalled: {who}no batch for {batch_age:.0f}s (> {stall_after_s:g}s) "
+                f"while the lag grew from {earlier[-1]['lag']} to {lag}")
     return None
 
 
@@ -198,9 +204,8 @@ def decide(view: ControlView, now: datetime, policy: SupervisorPolicy) -> Decisi
     job_age = _age(job.get("updated_at"), now)
     if job.get("state") == "running" and (job_age is None or job_age > policy.stale_after_s):
         reasons.append(f"status not updated for {'?' if job_age is None else f'{job_age:.0f}'}s: job hung")
-    stalled = _stalled(view.job_history, now, policy.stall_after_s) if job.get("state") == "running" else None
-    if stalled:
-        reasons.append(stalled)
+    if job.get("state") == "running":
+        reasons.extend(r for lane in (False, True) if (r := _stalled(view.job_history, now, policy.stall_after_s, lane)))
     if reasons:
         return Decision("restart", reasons)
     if job.get("state") in ("failed", "stopped"):

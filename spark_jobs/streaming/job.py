@@ -80,6 +80,7 @@ from spark_jobs.streaming.registry import ROUTED_TOPIC, RuleProblem, RuleRegistr
 from spark_jobs.streaming.rule_versions import prune as prune_versions
 from spark_jobs.streaming.rule_versions import publish as publish_versions
 from spark_jobs.streaming.rules_source import RULE_DEFS
+from spark_jobs.streaming.threshold_lane import LANE_SKIPPED, start_lane
 
 log = logging.getLogger(__name__)
 
@@ -238,16 +239,18 @@ def source_topics(cfg: DetectConfig, rules_topics: list[str]) -> list[str]:
 
 
 def _input(spark: SparkSession, cfg: DetectConfig, topics: list[str], min_partitions: int = 0,
-           quarantined: list[OffsetRange] | None = None) -> DataFrame:
+           quarantined: list[OffsetRange] | None = None, *, real_time: bool = False) -> DataFrame:
+    """The source records of either query (`real_time`: the real-time lane's, which
+    reads each partition in one long task, as much as arrives)."""
     raw = read_stream(
         spark,
         cfg.bootstrap,
         topics,
         starting_offsets=cfg.starting_offsets,
-        max_offsets_per_trigger=cfg.max_offsets_per_trigger,
+        max_offsets_per_trigger=None if real_time else cfg.max_offsets_per_trigger,
         # A micro-batch of one busy topic partition is split into several tasks, so
         # parsing and the rules use every core.
-        min_partitions=min_partitions or None,
+        min_partitions=None if real_time else min_partitions or None,
         options=None if cfg.fail_on_data_loss else {"failOnDataLoss": "false"},
         role=ROLE,
     )
@@ -260,7 +263,7 @@ def _input(spark: SparkSession, cfg: DetectConfig, topics: list[str], min_partit
         F.lit(None).cast("string").alias("route_from"),
         F.col("value").cast("string").alias("raw"),
         F.unix_millis("timestamp").alias("proc_ms"),
-        quarantine_reason(quarantined or []).alias("_quarantine"),
+        quarantine_reason(quarantined or [], "real-time batch" if real_time else "micro-batch").alias("_quarantine"),
     )
 
 
@@ -323,7 +326,8 @@ def event_rows(raw: DataFrame, rules: Sequence[RuleRow], fed: set[str], max_ahea
     enters (compiled.key_rows), and rows that only pass through the operators
     (`_pass`, PASS_GID):
 
-    - a record that is no event: once, kind "dead";
+    - a record that is no event: once, kind "dead" (with no `versions`, only when this
+      query quarantined it: the real-time lane dead-letters the others);
     - an event that passes threshold rules: once, kind "threshold", the rules it passes
       (JSON of their ids, versions and names) in `rule_id` (`threshold_detections` makes
       them rows, behind the operators): per event, not per (event, rule), across the
@@ -340,7 +344,10 @@ def event_rows(raw: DataFrame, rules: Sequence[RuleRow], fed: set[str], max_ahea
     keyed = [r for r in rules if r.rule_type != "threshold" and r.rule_id not in fed]
     context_topics = sorted({r.topic for r in rules if r.rule_id in fed and r.route_from is None})
     event = F.col("_reason").isNull()
-    passing = [(~event, _carry(kind=F.lit("dead"), ts_ms=F.col("proc_ms"), reason=F.col("_reason")))]
+    # A record that is no event is a dead letter of the real-time lane's when it runs
+    # (threshold_lane.py); one this query quarantined (quarantine.py) stays its own.
+    dead = ~event if versions is not None else F.col("_quarantine").isNotNull()
+    passing = [(dead, _carry(kind=F.lit("dead"), ts_ms=F.col("proc_ms"), reason=F.col("_reason")))]
     unreadable = None
     if versions is not None:
         raw = raw.withColumn("_th", live_thresholds(raw.sparkSession, F.col("topic"), F.col("v"), str(versions)))
@@ -514,6 +521,8 @@ class StatusReporter:
         self.rule_changes_live = 0
         # The real-time lane's query, when the threshold rules run there (threshold_lane.py).
         self.lane: dict | None = None
+        self.lane_progress: dict | None = None
+        self.lane_quarantine: Quarantine | None = None
         self._producer = Producer(with_bootstrap(cfg.bootstrap, ROLE, {"linger.ms": 5}))
 
     def snapshot(self) -> dict:
@@ -526,18 +535,6 @@ class StatusReporter:
         if new_topics:
             reasons.append(f"new topics: rules read {', '.join(new_topics)}, which the job does not subscribe to")
         p = self.progress or {}
-        lag = None
-        for src in p.get("sources", []):
-            end, latest = src.get("endOffset"), src.get("latestOffset")
-            if isinstance(end, str):
-                end = json.loads(end)
-            if isinstance(latest, str):
-                latest = json.loads(latest)
-            if isinstance(end, dict) and isinstance(latest, dict):
-                lag = sum(
-                    max(0, int(off) - int((end.get(t) or {}).get(part, 0)))
-                    for t, parts in latest.items() for part, off in parts.items()
-                )
         return {
             "state": self.state,
             "query_id": self.query_id,
@@ -555,7 +552,7 @@ class StatusReporter:
             "rule_versions_next": self.pending.versions() if self.pending is not None else None,
             "rule_reloads": self.rule_reloads,
             "rule_changes_live": self.rule_changes_live,
-            "threshold_lane": self.lane or {"mode": "micro-batch"},
+            "threshold_lane": self._lane_status(),
             "rule_problems": self.registry.problem_count,
             # Micro-batches that failed since the job started, the last failure and what
             # was done about it, and the offset ranges whose records were quarantined.
@@ -571,14 +568,23 @@ class StatusReporter:
             "num_input_rows": p.get("numInputRows"),
             # Where the last micro-batch's time went (addBatch, latestOffset, walCommit, ...).
             "batch_duration_ms": p.get("durationMs"),
-            "lag": lag,
+            "lag": _lag(p),
             "watermark": (p.get("eventTime") or {}).get("watermark"),
         }
+
+    def _lane_status(self) -> dict:
+        if self.lane is None:
+            return {"mode": "micro-batch"}
+        p = self.lane_progress or {}
+        quarantined = self.lane_quarantine.ranges()[-20:] if self.lane_quarantine else []
+        return {**self.lane, "last_batch_id": p.get("batchId"), "last_batch_time": p.get("timestamp"),
+                "input_rows_per_second": p.get("inputRowsPerSecond"), "lag": _lag(p),
+                "quarantined": [asdict(r) for r in quarantined]}
 
     def count_unreadable(self, progress: dict) -> None:
         """Add one batch's observed skipped rows to the per-rule, per-reason totals."""
         metrics = progress.get("observedMetrics") or {}
-        for name in ("skipped_keyed", "skipped_routed"):
+        for name in ("skipped_keyed", "skipped_routed", LANE_SKIPPED):
             observed = metrics.get(name)  # a pyspark Row (or a dict, from JSON)
             try:
                 rows = (observed["rows"] if observed is not None else None) or []
@@ -606,6 +612,23 @@ class StatusReporter:
 
     def close(self) -> None:
         self._producer.flush(5)
+
+
+def _lag(progress: dict) -> int | None:
+    """Records on the broker that a query's last batch had not read, over its sources."""
+    lag = None
+    for src in progress.get("sources", []):
+        end, latest = src.get("endOffset"), src.get("latestOffset")
+        if isinstance(end, str):
+            end = json.loads(end)
+        if isinstance(latest, str):
+            latest = json.loads(latest)
+        if isinstance(end, dict) and isinstance(latest, dict):
+            lag = sum(
+                max(0, int(off) - int((end.get(t) or {}).get(part, 0)))
+                for t, parts in latest.items() for part, off in parts.items()
+            )
+    return lag
 
 
 def report_rule_problem(cfg: DetectConfig, producer: Producer, problem: RuleProblem) -> None:
@@ -708,20 +731,30 @@ def _started_since(query: StreamingQuery, finished: int) -> bool:
 
 
 def _restart_lane(spark: SparkSession, cfg: DetectConfig, topics: list[str], lane: StreamingQuery,
-                  status: StatusReporter) -> StreamingQuery:
+                  status: StatusReporter, quarantine: Quarantine) -> StreamingQuery | None:
     """The lane stopped by itself: a failure. It starts again on its checkpoint (the batch
-    it was in runs again, with the versions it recorded)."""
-    from spark_jobs.streaming.threshold_lane import start_lane
-
+    it was in runs again, with the versions it recorded), after a second failure of the
+    same batch with that batch's records quarantined (quarantine.py); None when there is
+    nothing left to quarantine (the job gives up, as for the keyed query)."""
     error = str(lane.exception())
-    log.warning("threshold lane failed; restarting it: %s", error[:500])
+    decision = quarantine.on_failure(error, broker_ends=lambda: _broker_ends(cfg, topics))
     assert status.lane is not None
     status.lane["failures"] += 1
-    status.lane["last_failure"] = {"at": _iso(time.time()), "error": error[:2000]}
+    status.lane["last_failure"] = {"at": _iso(time.time()), "error": error[:2000], "action": decision}
+    if decision == "give_up":
+        log.error("threshold lane failed: %s", error)
+        return None
+    log.warning("threshold lane failed (%s); restarting it: %s", decision, error[:500])
     time.sleep(1.0)
-    lane = start_lane(spark, cfg, topics, ROLE)
+    lane = start_lane(spark, cfg, topics, ROLE, quarantine)
     status.lane["run_id"] = str(lane.runId)
     return lane
+
+
+def _broker_ends(cfg: DetectConfig, topics: list[str]) -> dict[str, dict[str, int]]:
+    """topic -> partition -> the broker's end offset, for the source topics."""
+    return {t: {str(p): high for p, (_, high) in admin.watermarks(cfg.bootstrap, t, role=ROLE).items()}
+            for t in topics}
 
 
 def run(cfg: DetectConfig, stop: threading.Event | None = None) -> int:
@@ -767,11 +800,11 @@ def run(cfg: DetectConfig, stop: threading.Event | None = None) -> int:
     query, status.in_force = _start_query(spark, cfg, delay, topics, quarantine)
     status.query_id, status.run_id, status.state = str(query.id), str(query.runId), "running"
     lane = None
+    lane_quarantine = Quarantine(cfg.checkpoint, "lane")
     if cfg.real_time:
-        from spark_jobs.streaming.threshold_lane import start_lane
-
-        lane = start_lane(spark, cfg, topics, ROLE)
+        lane = start_lane(spark, cfg, topics, ROLE, lane_quarantine)
         status.lane = {"mode": "real-time", "query_id": str(lane.id), "run_id": str(lane.runId), "failures": 0}
+        status.lane_quarantine = lane_quarantine
     log.info("detection job started: query %s, watermark delay %ss", query.id, delay)
     status.publish()
     exit_code = 0
@@ -790,6 +823,10 @@ def run(cfg: DetectConfig, stop: threading.Event | None = None) -> int:
                     last_batch = p.get("batchId")
                     status.progress = p
                     status.count_unreadable(p)
+                lp = lane.lastProgress if lane is not None else None
+                if lp is not None and lp.get("batchId") != (status.lane_progress or {}).get("batchId"):
+                    status.lane_progress = lp
+                    status.count_unreadable(lp)
                 # The versions of the batches of the query that judges the threshold rules.
                 judged = _last_batch(lane or query)
                 if judged >= 0 and judged - pruned >= PRUNE_EVERY:
@@ -812,7 +849,9 @@ def run(cfg: DetectConfig, stop: threading.Event | None = None) -> int:
                     status.in_force, status.pending = status.pending, None
                     status.rule_changes_live += 1
                 if lane is not None and not lane.isActive and not stop.is_set():
-                    lane = _restart_lane(spark, cfg, topics, lane, status)
+                    lane = _restart_lane(spark, cfg, topics, lane, status, lane_quarantine)
+                    if lane is None:
+                        break
                 status.publish()
             if reload and not stop.is_set():
                 _stop_after_batch_in_flight(query)
@@ -824,6 +863,11 @@ def run(cfg: DetectConfig, stop: threading.Event | None = None) -> int:
                     log.info("rules changed: query restarted with versions %s", status.in_force.versions())
                     status.publish()
                     continue
+            if cfg.real_time and lane is None:
+                _stop_after_batch_in_flight(query)
+                status.state = "failed"
+                exit_code = 1
+                break
             if query.isActive or query.exception() is None:
                 _stop_after_batch_in_flight(query)
                 status.state = "stopped"

@@ -10,13 +10,13 @@ writes each record as it arrives. The lane is its own query beside the keyed one
     -> the threshold rules judged by the rule-set evaluator, with the version of the
        running batch (rule_set.live_thresholds, CHECKPOINT/rules/lane-versions:
        rule_versions.py)
-    -> one detection record per (event, rule it passes) -> the sink
+    -> one detection record per (event, rule it passes) -> the sink; a record that
+       is no event -> its dead letter
 
 A real-time batch lasts LANE_BATCH_S: a threshold rule change is published as the next
 version and the next batch takes it (no restart), and a batch run again after a crash
-takes the version it recorded, as the keyed lane's micro-batches do. Records that are
-no event, and the keyed rules, stay with the keyed lane, which then judges no
-threshold rule.
+takes the version it recorded, as the keyed lane's micro-batches do. The keyed lane
+then judges no threshold rule and dead-letters only the records it quarantined.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ from pyspark.sql.streaming import StreamingQuery
 
 from spark_jobs.engine.events import classify
 from spark_jobs.engine.rule_set import live_thresholds
-from spark_jobs.kafka.spark_io import read_stream, write_stream
+from spark_jobs.kafka.spark_io import write_stream
+from spark_jobs.streaming.quarantine import OffsetRange, Quarantine
 
 if TYPE_CHECKING:
     from spark_jobs.streaming.job import DetectConfig
@@ -38,38 +39,48 @@ if TYPE_CHECKING:
 # bench_live_floor.py --real-time measured the stateless floor's p99 the same with 1 s
 # and 20 s batches (docs/benchmarks.md).
 LANE_BATCH_S = 1
+# The observed metric of the values the lane's rules could not read.
+LANE_SKIPPED = "skipped_lane"
 # Spark refuses real-time batches shorter than this setting (5 s by default).
 MIN_BATCH_CONF = "spark.sql.streaming.realTimeMode.minBatchDuration"
 
 
-def lane_records(spark: SparkSession, cfg: DetectConfig, topics: list[str], role: str) -> DataFrame:
-    """The lane's plan: Kafka records of `topics` -> detection records (topic, key, value)."""
-    from spark_jobs.streaming.job import kafka_records
+def lane_records(spark: SparkSession, cfg: DetectConfig, topics: list[str],
+                 quarantined: list[OffsetRange]) -> DataFrame:
+    """The lane's plan: Kafka records of `topics` -> detection records and dead letters
+    (topic, key, value). A record in a `quarantined` range is a dead letter, never judged."""
+    from spark_jobs.streaming import job
 
-    raw = read_stream(spark, cfg.bootstrap, topics, starting_offsets=cfg.starting_offsets,
-                      options=None if cfg.fail_on_data_loss else {"failOnDataLoss": "false"},
-                      role=role)
-    events = classify(raw.select(
-        F.col("topic"),
-        (F.col("partition").cast("long") * F.lit(1 << 40) + F.col("offset")).alias("seq"),
-        F.col("value").cast("string").alias("raw"),
-        F.unix_millis("timestamp").alias("proc_ms"),
-    ))
-    judged = events.select("topic", "seq", "raw", live_thresholds(
+    events = classify(job._input(spark, cfg, topics, quarantined=quarantined, real_time=True))
+    events = events.withColumn("_reason", F.coalesce(F.col("_quarantine"), F.col("_reason")))
+    judged = events.select("topic", "seq", "raw", "_reason", live_thresholds(
         spark, F.col("topic"), F.col("v"), str(cfg.versions_dir)).alias("_th"))
-    hits = judged.select("topic", "seq", "raw", F.explode("_th.m").alias("_t"))
-    rows = hits.select(
-        F.col("_t.rule_id").alias("rule_id"), F.col("_t.rule_version").alias("rule_version"),
-        F.lit("threshold").alias("rule_type"), F.col("_t.rule_name").alias("rule_name"),
-        "topic", "seq", "raw", F.lit(None).cast("string").alias("reason"),
+    # Per real-time batch, as the keyed query observes its own (StatusReporter.count_unreadable).
+    judged = judged.observe(LANE_SKIPPED, F.flatten(F.collect_list(
+        F.when(F.size("_th.u") > F.lit(0), F.col("_th.u")))).alias("rows"))
+    # Per record, its rows: one per threshold rule an event passes, or its dead letter.
+    kinds = "kind string, rule_id string, rule_version string, rule_name string, reason string"
+    passed = F.transform("_th.m", lambda t: F.struct(
+        F.lit("detection").alias("kind"), t["rule_id"].alias("rule_id"), t["rule_version"].alias("rule_version"),
+        t["rule_name"].alias("rule_name"), F.lit(None).cast("string").alias("reason")))
+    dead = F.array(F.struct(F.lit("dead").alias("kind"), *[F.lit(None).cast("string").alias(c) for c in
+                                                           ("rule_id", "rule_version", "rule_name")],
+                            F.col("_reason").alias("reason")))
+    out = judged.select("topic", "seq", "raw", F.explode(
+        F.when(F.col("_reason").isNull(), passed).otherwise(dead).cast(f"array<struct<{kinds}>>")).alias("_t"))
+    rows = out.select(
+        "_t.kind", "_t.rule_id", "_t.rule_version",
+        F.when(F.col("_t.kind") == F.lit("detection"), F.lit("threshold")).alias("rule_type"),
+        "_t.rule_name", "topic", "seq", "raw", "_t.reason",
     )
-    return kafka_records(rows, F.lit("detection"), F.lit(""), cfg)
+    return job.kafka_records(rows, F.col("kind"), F.lit(""), cfg)
 
 
-def start_lane(spark: SparkSession, cfg: DetectConfig, topics: list[str], role: str) -> StreamingQuery:
+def start_lane(spark: SparkSession, cfg: DetectConfig, topics: list[str], role: str,
+               quarantine: Quarantine) -> StreamingQuery:
     spark.conf.set(MIN_BATCH_CONF, f"{LANE_BATCH_S * 1000}")
     return (
-        write_stream(lane_records(spark, cfg, topics, role), cfg.bootstrap, role=role)
+        write_stream(lane_records(spark, cfg, topics, quarantine.active_ranges()), cfg.bootstrap, role=role)
         .option("checkpointLocation", str(cfg.checkpoint / "lane"))
         .outputMode("update")
         .trigger(realTime=f"{LANE_BATCH_S} seconds")

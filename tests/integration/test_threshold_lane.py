@@ -1,7 +1,8 @@
 """The real-time lane (`rulectl detect --threshold-lane real-time`) on a real broker over
 TCP and a real Spark: threshold detections come from a query of their own in Spark's
 real-time mode, once each, with the sink contract's ids; a threshold rule change reaches
-it without restarting it; the keyed rules go on in the micro-batch query beside it."""
+it without restarting it; the keyed rules go on in the micro-batch query beside it; the
+lane dead-letters records that are no event and counts the values its rules cannot read."""
 
 from __future__ import annotations
 
@@ -63,9 +64,11 @@ def test_threshold_rules_run_in_the_real_time_lane_and_change_without_a_restart(
     publish_rules([parse_rule(stricter)], bs)
     job.wait_for(lambda s: s["rule_versions"].get("big_payment") == "2")
     p2, p3 = pay("p2", 50), pay("p3", 500)
-    produce(bs, TOPIC, [p2, p3])
+    # A record that is no event, and an event whose amount the rules cannot read.
+    broken, unread = '{"pay": "x1", "amount": 5', json.dumps({"pay": "u1", "user": "u2", "amount": "lots", "ts": now})
+    produce(bs, TOPIC, [p2, p3, broken, unread])
     wait_detections(bs, "events.processed", lambda d: any(x.get("pay") == "p3" for x in d))
-    job.wait_for(lambda s: s.get("lag") == 0)
+    job.wait_for(lambda s: s.get("lag") == 0 and s["threshold_lane"].get("lag") == 0)
     time.sleep(3)
 
     got = detections(bs)
@@ -82,3 +85,10 @@ def test_threshold_rules_run_in_the_real_time_lane_and_change_without_a_restart(
     assert status["threshold_lane"]["run_id"] == first["threshold_lane"]["run_id"]
     assert status["threshold_lane"]["failures"] == 0
     assert status["run_id"] == first["run_id"] and status["rule_reloads"] == first["rule_reloads"]
+    # The lane dead-letters the record that is no event, once (the keyed query not again),
+    # and counts the value its rule could not read in the job's status.
+    dead = detections(bs, "events.deadletter")
+    assert [(d["raw"], d["topic"]) for d in dead] == [(broken, TOPIC)], dead
+    assert dead[0]["reason"] == "not valid JSON"
+    job.wait_for(lambda s: s["unreadable"].get("big_payment") == {"value at $['amount'] is not a number": 1})
+

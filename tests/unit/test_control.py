@@ -80,6 +80,20 @@ def test_stalled_with_growing_lag_restarts_but_slow_is_only_lag() -> None:
     assert decide(ControlView(slow, RUNNER), NOW, SupervisorPolicy(max_lag=1000)).action == "alert"
 
 
+def test_a_stalled_real_time_lane_restarts_the_job_though_its_micro_batches_run() -> None:
+    def lane(batch_ago: float, lag: int) -> dict:
+        return {"mode": "real-time", "last_batch_time": iso(batch_ago), "lag": lag}
+
+    history = [job(updated_at=iso(100), threshold_lane=lane(200, 50)),
+               job(updated_at=iso(1), threshold_lane=lane(200, 900))]
+    d = decide(ControlView(history, RUNNER), NOW, P)
+    assert d.action == "restart" and d.reasons == [
+        "stalled: the real-time lane ran no batch for 200s (> 120s) while the lag grew from 50 to 900"]
+    running = [job(updated_at=iso(100), threshold_lane=lane(2, 50)),
+               job(updated_at=iso(1), threshold_lane=lane(1, 900))]
+    assert decide(ControlView(running, RUNNER), NOW, P).action == "ok"
+
+
 class _Msg:
     def __init__(self, value: bytes) -> None:
         self._v = value
