@@ -10,14 +10,16 @@ detections an event), and these phases one after the other, each alone on the ma
    Kafka, real-time batches of 1 s (the threshold lane's setting);
 2. the keyed floor: Kafka -> parse -> `groupBy(user_id).count()` -> Kafka, micro-batches
    every 500 ms in update mode (the keyed lane's trigger), on Spark's RocksDB state store;
-3. `rulectl detect --threshold-lane real-time` with the benchmark's 62 rules, then with
+3. both floors at once in one application: the job runs its two lanes as two queries on
+   the same cores, so this is the floor of that design (each query doing less than ours);
+4. `rulectl detect --threshold-lane real-time` with the benchmark's 62 rules, then with
    rare threshold rules added up to each count of `--rules` (each matches about one event
    in ten thousand, bench_detect.py `rare_rules`).
 
 Latency is from the event's produce time to its record on the phase's output topic, read
 by a consumer on the same machine. Prints each lane's p50/p99 and the ratio of its p99 to
 its floor's: the threshold lane against the stateless floor, the velocity rules against
-the keyed floor.
+the keyed floor, each alone and run together.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from confluent_kafka import OFFSET_END, Consumer, TopicPartition
 
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 from bench_backtest import make_rules  # noqa: E402
-from bench_detect import produce_events, rare_rules  # noqa: E402
+from bench_detect import print_batches, produce_events, rare_rules, sample_batches  # noqa: E402
 from detect_harness import DetectJob  # noqa: E402
 from record import append_result  # noqa: E402
 
@@ -100,15 +102,17 @@ class Latencies:
         return {"n": len(lat), "p50_s": round(statistics.median(lat) / 1000, 3), "p99_s": round(p99 / 1000, 3)}
 
 
-def measure(bootstrap: str, out_topic: str, args: argparse.Namespace, rare: int = 0) -> Latencies:
-    """Warm-up load (left out), then the measured load; the latencies on `out_topic`."""
-    lat = Latencies(bootstrap, out_topic)
+def measure(bootstrap: str, out_topics: list[str], args: argparse.Namespace, rare: int = 0) -> dict[str, Latencies]:
+    """Warm-up load (left out), then the measured load; the latencies on each of `out_topics`."""
+    lats = {t: Latencies(bootstrap, t) for t in out_topics}
     produce_events(bootstrap, args.rate, args.warmup, args.users, warmup=True, rare=rare)
-    lat.settle()
+    for lat in lats.values():
+        lat.settle()
     produce_events(bootstrap, args.rate, args.seconds, args.users, rare=rare)
-    lat.settle()
-    lat.close()
-    return lat
+    for lat in lats.values():
+        lat.settle()
+        lat.close()
+    return lats
 
 
 def floors(bootstrap: str, work: Path, args: argparse.Namespace) -> dict[str, dict]:
@@ -127,29 +131,43 @@ def floors(bootstrap: str, work: Path, args: argparse.Namespace) -> dict[str, di
         "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
         MIN_BATCH_CONF: str(LANE_BATCH_S * 1000)})
     out: dict[str, dict] = {}
-    try:
+
+    def stateless_floor(name: str):
         events = classify(read_stream(spark, bootstrap, ["events.raw"], starting_offsets="latest")
                           .select(F.col("value").cast("string").alias("raw")))
-        stateless = (write_stream(events.select(F.lit("floor.stateless").alias("topic"), F.col("raw").alias("value")),
-                                  bootstrap)
-                     .outputMode("update").option("checkpointLocation", str(work / "floor-stateless"))
-                     .trigger(realTime=f"{LANE_BATCH_S} seconds").start())
-        out["stateless"] = measure(bootstrap, "floor.stateless", args).figures("record")
-        stateless.stop()
+        return (write_stream(events.select(F.lit("floor.stateless").alias("topic"), F.col("raw").alias("value")),
+                             bootstrap)
+                .outputMode("update").option("checkpointLocation", str(work / f"floor-stateless-{name}"))
+                .trigger(realTime=f"{LANE_BATCH_S} seconds").start())
 
+    def keyed_floor(name: str):
         events = classify(read_stream(spark, bootstrap, ["events.raw"], starting_offsets="latest")
                           .select(F.col("value").cast("string").alias("raw")))
         counts = events.select(field(F.col("v"), "user_id").cast("string").alias("user_id"),
                                field(F.col("v"), "sent_ms").cast("long").alias("sent_ms"),
                                field(F.col("v"), "warmup").cast("boolean").alias("warmup")).groupBy("user_id").agg(
             F.count(F.lit(1)).alias("count"), F.max("sent_ms").alias("sent_ms"), F.max_by("warmup", "sent_ms").alias("warmup"))
-        keyed = (write_stream(counts.select(F.lit("floor.keyed").alias("topic"),
-                                            F.to_json(F.struct("user_id", "count", "sent_ms", "warmup")).alias("value")),
-                              bootstrap)
-                 .outputMode("update").option("checkpointLocation", str(work / "floor-keyed"))
-                 .trigger(processingTime="500 milliseconds").start())
-        out["keyed"] = measure(bootstrap, "floor.keyed", args).figures("record")
-        keyed.stop()
+        return (write_stream(counts.select(F.lit("floor.keyed").alias("topic"),
+                                           F.to_json(F.struct("user_id", "count", "sent_ms", "warmup")).alias("value")),
+                             bootstrap)
+                .outputMode("update").option("checkpointLocation", str(work / f"floor-keyed-{name}"))
+                .trigger(processingTime="500 milliseconds").start())
+
+    try:
+        query = stateless_floor("alone")
+        out["stateless"] = measure(bootstrap, ["floor.stateless"], args)["floor.stateless"].figures("record")
+        query.stop()
+        query = keyed_floor("alone")
+        out["keyed"] = measure(bootstrap, ["floor.keyed"], args)["floor.keyed"].figures("record")
+        query.stop()
+        # Both floors at once in one application, as the job runs its two lanes: the
+        # floor of the two-query design on these cores, each query doing less than ours.
+        queries = [stateless_floor("together"), keyed_floor("together")]
+        both = measure(bootstrap, ["floor.stateless", "floor.keyed"], args)
+        out["stateless_together"] = both["floor.stateless"].figures("record")
+        out["keyed_together"] = both["floor.keyed"].figures("record")
+        for q in queries:
+            q.stop()
     finally:
         spark.stop()
     return out
@@ -170,7 +188,8 @@ def main() -> None:
         bs = broker.bootstrap
         create_topics(bs, ["events.raw", "context.raw", "events.processed"])
         floor = floors(bs, work, args)
-        print(f"stateless floor: {floor['stateless']}; keyed floor: {floor['keyed']}", flush=True)
+        print(f"stateless floor: {floor['stateless']}; keyed floor: {floor['keyed']}; together: "
+              f"stateless {floor['stateless_together']}, keyed {floor['keyed_together']}", flush=True)
         rules_dir = work / "rules"
         rules_dir.mkdir()
         make_rules(rules_dir)
@@ -184,14 +203,24 @@ def main() -> None:
             job = DetectJob(bs, work / f"job-{n}",
                             extra_args=("--threshold-lane", "real-time", "--starting-offsets", "latest"))
             job.start(timeout=300)
-            lat = measure(bs, "events.processed", args, rare=rare)
+            batches: dict[int, dict] = {}
+            sampling = threading.Event()
+            sampler = threading.Thread(target=sample_batches, args=(job, sampling, batches), daemon=True)
+            sampler.start()
+            lat = measure(bs, ["events.processed"], args, rare=rare)["events.processed"]
+            sampling.set()
+            sampler.join()
             job.stop()
             threshold, velocity = lat.figures("threshold"), lat.figures("velocity")
             row = {"rules": n, "threshold": threshold, "velocity": velocity,
                    "threshold_p99_over_floor": round(threshold["p99_s"] / floor["stateless"]["p99_s"], 2),
-                   "velocity_p99_over_floor": round(velocity["p99_s"] / floor["keyed"]["p99_s"], 2)}
+                   "velocity_p99_over_floor": round(velocity["p99_s"] / floor["keyed"]["p99_s"], 2),
+                   "threshold_p99_over_together": round(threshold["p99_s"] / floor["stateless_together"]["p99_s"], 2),
+                   "velocity_p99_over_together": round(velocity["p99_s"] / floor["keyed_together"]["p99_s"], 2),
+                   "keyed_batches": print_batches(batches)}
             print(f"{n} rules: threshold lane {threshold} ({row['threshold_p99_over_floor']}x its floor's p99); "
-                  f"velocity {velocity} ({row['velocity_p99_over_floor']}x)", flush=True)
+                  f"velocity {velocity} ({row['velocity_p99_over_floor']}x); against the floors run together: "
+                  f"{row['threshold_p99_over_together']}x, {row['velocity_p99_over_together']}x", flush=True)
             rows.append(row)
     print(f"machine: {platform.machine()} {os.cpu_count()} cores, python {platform.python_version()}; "
           f"{args.rate} events/s for {args.seconds} s after {args.warmup} s of warm-up")
@@ -202,6 +231,11 @@ def main() -> None:
             "velocity_p50_s": row["velocity"]["p50_s"], "velocity_p99_s": row["velocity"]["p99_s"],
             "threshold_p99_over_floor": row["threshold_p99_over_floor"],
             "velocity_p99_over_floor": row["velocity_p99_over_floor"],
+            "stateless_together_p99_s": floor["stateless_together"]["p99_s"],
+            "keyed_together_p99_s": floor["keyed_together"]["p99_s"],
+            "threshold_p99_over_together": row["threshold_p99_over_together"],
+            "velocity_p99_over_together": row["velocity_p99_over_together"],
+            **row["keyed_batches"],
         }, rate=args.rate, seconds=args.seconds, warmup_s=args.warmup, rules=row["rules"])
 
 
