@@ -47,6 +47,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve
 from bench_backtest import make_rules  # noqa: E402
 from detect_harness import DetectJob  # noqa: E402
 from record import append_result  # noqa: E402
+from stage_times import event_log_conf, keyed_stage_times  # noqa: E402
 
 from spark_jobs.kafka.broker import EmbeddedBroker, free_port  # noqa: E402
 from spark_jobs.kafka.publisher import publish_rules  # noqa: E402
@@ -198,8 +199,16 @@ def main() -> None:
     ap.add_argument("--rule-change", action="store_true", help="publish version 2 of every threshold rule halfway")
     ap.add_argument("--threshold-lane", choices=["micro-batch", "real-time"], default="micro-batch",
                     help="rulectl detect --threshold-lane")
+    ap.add_argument("--event-log", action="store_true",
+                    help="write Spark's event log and print where the keyed query's batches spend their time")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-detect-"))
+    if args.event_log:
+        # The job is its own process: it reads spark-defaults.conf from $SPARK_CONF_DIR.
+        (work / "spark-conf").mkdir()
+        (work / "event-log").mkdir()
+        (work / "spark-conf" / "spark-defaults.conf").write_text(event_log_conf(work / "event-log"))
+        os.environ["SPARK_CONF_DIR"] = str(work / "spark-conf")
     with EmbeddedBroker(port=free_port()) as broker:
         rules_dir = work / "rules"
         rules_dir.mkdir()
@@ -224,6 +233,7 @@ def main() -> None:
         sampler = threading.Thread(target=sample_batches, args=(job, stop, batches), daemon=True)
         sampler.start()
         total = args.rate * args.seconds
+        measured_from_ms = int(time.time() * 1000)
         change: dict = {}
         changer = threading.Thread(target=change_rules, args=(job, broker.bootstrap, rules, args.seconds / 2,
                                                                first_v2, change), daemon=True)
@@ -250,6 +260,11 @@ def main() -> None:
             print(f"{rule_type} detections: {len(typed)}; p50 {p50 / 1000:.2f}s p99 {p99 / 1000:.2f}s")
             figures.update({f"{rule_type}_p50_s": round(p50 / 1000, 2), f"{rule_type}_p99_s": round(p99 / 1000, 2)})
     figures.update(print_batches(batches), produced_s=round(produced_s, 1), caught_up_s=round(done_s, 1))
+    if args.event_log:
+        stages = keyed_stage_times(work / "event-log", measured_from_ms)
+        for name, f in stages.items():
+            print(f"keyed query, {name}: " + ", ".join(f"{k} {v:,}" for k, v in f.items()))
+        figures["keyed_stages"] = stages
     if change:
         print("rule change: " + ", ".join(f"{k} {v}" for k, v in change.items()))
         figures.update({f"rule_change_{k}": v for k, v in change.items()})
