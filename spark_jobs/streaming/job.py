@@ -85,7 +85,6 @@ from spark_jobs.streaming.threshold_lane import LANE_SKIPPED, start_lane
 log = logging.getLogger(__name__)
 
 STATE_STORE = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
-CODEGEN_MAX_FIELDS = 30
 
 
 # The principal the job's every Kafka client acts as (spark_jobs/kafka/security.py):
@@ -787,13 +786,6 @@ def run(cfg: DetectConfig, stop: threading.Event | None = None) -> int:
         "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
         **LOCAL_CHECKPOINT_CONF,
         "spark.sql.streaming.noDataMicroBatches.enabled": "true",
-        # The compiled rule set makes wide projections (a column per path form, per rule
-        # and per shared condition): fused into one whole-stage method they outgrow the
-        # JVM's 64 KB per method, and Spark tried (and failed) to compile that method at
-        # every micro-batch before falling back. Projections wider than this run as
-        # their own generated code instead (bench_live_plan: event_rows 33 -> 25 us of
-        # JVM CPU per event; no "Code grows beyond 64 KB" in the job's log).
-        "spark.sql.codegen.maxFields": str(CODEGEN_MAX_FIELDS),
     })
     quarantine = Quarantine(cfg.checkpoint)
     status = StatusReporter(cfg, registry, delay, topics, quarantine)

@@ -67,6 +67,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--events", type=int, default=300_000)
     ap.add_argument("--users", type=int, default=2_000)
+    ap.add_argument("--threshold-lane", choices=["micro-batch", "real-time"], default="micro-batch",
+                    help="real-time: the keyed query's plan when the real-time lane judges the threshold rules")
+    ap.add_argument("--max-fields", type=int, default=100,
+                    help="spark.sql.codegen.maxFields (Spark's default, which the job keeps)")
     args = ap.parse_args()
     n = args.events
     work = Path(tempfile.mkdtemp(prefix="bench-live-plan-"))
@@ -77,15 +81,13 @@ def main() -> None:
         rules = {r["rule_id"]: parse_rule(r).model_dump(mode="json")
                  for r in yaml.safe_load((work / "rules" / "bench.yaml").read_text())}
         rows = rows_of(json.loads(json.dumps(rules)), ROUTED_TOPIC, work / "defs")
-        # The job's own code generation setting (job.py `run`): without it the plan's
-        # fused method outgrows 64 KB and Spark falls back, which the job never does.
-        spark = session("bench-live-plan", extra={"spark.sql.codegen.maxFields": str(job.CODEGEN_MAX_FIELDS)})
+        spark = session("bench-live-plan", extra={"spark.sql.codegen.maxFields": str(args.max_fields)})
         records = read_batch(spark, broker.bootstrap, ["events.raw"], options={"minPartitions": "4"})
         raw = classify(records.select(
             F.col("topic").alias("in_topic"), "topic",
             (F.col("partition").cast("long") * F.lit(1 << 40) + F.col("offset")).alias("seq"),
             F.lit(None).cast("string").alias("route_from"), F.col("value").cast("string").alias("raw"),
-            F.unix_millis("timestamp").alias("proc_ms"),
+            F.unix_millis("timestamp").alias("proc_ms"), F.lit(None).cast("string").alias("_quarantine"),
         ))
 
         parts: dict[str, dict] = {}
@@ -106,7 +108,8 @@ def main() -> None:
         timed("Kafka read + classify (VARIANT parse)", raw)
         versions = Path(tempfile.mkdtemp(prefix="bench-live-plan-"))
         publish(versions, job.threshold_of(rows))
-        keyed, slots = job.event_rows(raw, rows, set(), max_ahead_ms=10**12, versions=versions)
+        keyed, slots = job.event_rows(raw, rows, set(), max_ahead_ms=10**12,
+                                      versions=versions if args.threshold_lane == "micro-batch" else None)
         timed("event_rows (the first operator's input)", keyed)
         # Operator rows: one per (event, key group) and the pass rows (threshold matches,
         # dead letters); (event, rule) pairs: the indexes they carry.
@@ -121,7 +124,7 @@ def main() -> None:
         "classify_us_per_event": parts["Kafka read + classify (VARIANT parse)"]["jvm_cpu_us_per_event"],
         "event_rows_us_per_event": parts["event_rows (the first operator's input)"]["jvm_cpu_us_per_event"],
         "operator_rows_per_event": round(counts["rows"] / n, 2), "parts": parts,
-    }, events=n, users=args.users)
+    }, events=n, users=args.users, threshold_lane=args.threshold_lane, max_fields=args.max_fields)
 
 
 if __name__ == "__main__":
