@@ -6,6 +6,7 @@ import java.io.DataInputStream;
 import java.io.DataOutputStream;
 import java.io.IOException;
 import java.io.UncheckedIOException;
+import java.nio.ByteBuffer;
 import java.util.ArrayList;
 import java.util.List;
 
@@ -42,14 +43,20 @@ final class SubState {
             writeString(o, signature);
             o.writeByte(prevAbove == null ? 2 : prevAbove ? 1 : 0);
             o.writeInt(ts.length);
-            for (long t : ts) {
-                o.writeLong(t);
+            // Whole arrays at once (the window is most of a sub-state, and a touched key's
+            // whole window is written at every batch); the same big-endian bytes as
+            // DataOutputStream's writeLong and writeDouble (a NaN's bits as they are).
+            ByteBuffer arrays = ByteBuffer.allocate(ts.length * 8 * (num != null ? 2 : 1));
+            arrays.asLongBuffer().put(ts);
+            if (num != null) {
+                arrays.position(ts.length * 8);
+                arrays.slice().asDoubleBuffer().put(num, 0, ts.length);
             }
+            byte[] packed = arrays.array();
+            o.write(packed, 0, ts.length * 8);
             o.writeBoolean(num != null);
             if (num != null) {
-                for (double x : num) {
-                    o.writeDouble(x);
-                }
+                o.write(packed, ts.length * 8, ts.length * 8);
             }
             o.writeBoolean(jv != null);
             if (jv != null) {
@@ -77,15 +84,14 @@ final class SubState {
             byte p = in.readByte();
             s.prevAbove = p == 2 ? null : p == 1;
             int n = in.readInt();
+            byte[] longs = new byte[n * 8];
+            in.readFully(longs);
             s.ts = new long[n];
-            for (int i = 0; i < n; i++) {
-                s.ts[i] = in.readLong();
-            }
+            ByteBuffer.wrap(longs).asLongBuffer().get(s.ts);
             if (in.readBoolean()) {
+                in.readFully(longs);
                 s.num = new double[n];
-                for (int i = 0; i < n; i++) {
-                    s.num[i] = in.readDouble();
-                }
+                ByteBuffer.wrap(longs).asDoubleBuffer().get(s.num);
             }
             if (in.readBoolean()) {
                 s.jv = new String[n];
