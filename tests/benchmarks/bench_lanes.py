@@ -19,7 +19,8 @@ detections an event), and these phases one after the other, each alone on the ma
 Latency is from the event's produce time to its record on the phase's output topic, read
 by a consumer on the same machine. Prints each lane's p50/p99 and the ratio of its p99 to
 its floor's: the threshold lane against the stateless floor, the velocity rules against
-the keyed floor, each alone and run together.
+the keyed floor, each alone and run together; and the keyed query's median batch over
+the phase (its warm-up included).
 """
 
 from __future__ import annotations
@@ -132,18 +133,18 @@ def floors(bootstrap: str, work: Path, args: argparse.Namespace) -> dict[str, di
         MIN_BATCH_CONF: str(LANE_BATCH_S * 1000)})
     out: dict[str, dict] = {}
 
+    def parsed():
+        return classify(read_stream(spark, bootstrap, ["events.raw"], starting_offsets="latest")
+                        .select(F.col("value").cast("string").alias("raw")))
+
     def stateless_floor(name: str):
-        events = classify(read_stream(spark, bootstrap, ["events.raw"], starting_offsets="latest")
-                          .select(F.col("value").cast("string").alias("raw")))
-        return (write_stream(events.select(F.lit("floor.stateless").alias("topic"), F.col("raw").alias("value")),
+        return (write_stream(parsed().select(F.lit("floor.stateless").alias("topic"), F.col("raw").alias("value")),
                              bootstrap)
                 .outputMode("update").option("checkpointLocation", str(work / f"floor-stateless-{name}"))
                 .trigger(realTime=f"{LANE_BATCH_S} seconds").start())
 
     def keyed_floor(name: str):
-        events = classify(read_stream(spark, bootstrap, ["events.raw"], starting_offsets="latest")
-                          .select(F.col("value").cast("string").alias("raw")))
-        counts = events.select(field(F.col("v"), "user_id").cast("string").alias("user_id"),
+        counts = parsed().select(field(F.col("v"), "user_id").cast("string").alias("user_id"),
                                field(F.col("v"), "sent_ms").cast("long").alias("sent_ms"),
                                field(F.col("v"), "warmup").cast("boolean").alias("warmup")).groupBy("user_id").agg(
             F.count(F.lit(1)).alias("count"), F.max("sent_ms").alias("sent_ms"), F.max_by("warmup", "sent_ms").alias("warmup"))

@@ -46,17 +46,14 @@ final class SubState {
             // Whole arrays at once (the window is most of a sub-state, and a touched key's
             // whole window is written at every batch); the same big-endian bytes as
             // DataOutputStream's writeLong and writeDouble (a NaN's bits as they are).
-            ByteBuffer arrays = ByteBuffer.allocate(ts.length * 8 * (num != null ? 2 : 1));
-            arrays.asLongBuffer().put(ts);
-            if (num != null) {
-                arrays.position(ts.length * 8);
-                arrays.slice().asDoubleBuffer().put(num, 0, ts.length);
-            }
-            byte[] packed = arrays.array();
-            o.write(packed, 0, ts.length * 8);
+            ByteBuffer times = ByteBuffer.allocate(ts.length * 8);
+            times.asLongBuffer().put(ts);
+            o.write(times.array());
             o.writeBoolean(num != null);
             if (num != null) {
-                o.write(packed, ts.length * 8, ts.length * 8);
+                ByteBuffer values = ByteBuffer.allocate(ts.length * 8);
+                values.asDoubleBuffer().put(num, 0, ts.length);
+                o.write(values.array());
             }
             o.writeBoolean(jv != null);
             if (jv != null) {
