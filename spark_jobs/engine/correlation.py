@@ -24,9 +24,9 @@ from spark_jobs.engine.emits import extra, json_member, json_number, json_string
 from spark_jobs.engine.events import dead_letters
 from spark_jobs.engine.frames import union_all
 from spark_jobs.engine.jvm_pass import run_pass
+from spark_jobs.engine.rule_set import rule_spec
 from spark_jobs.engine.values import Fields
 from spark_jobs.rules.model import CorrelationRule
-from spark_jobs.streaming.jvm_operator import rule_spec
 
 
 @dataclass

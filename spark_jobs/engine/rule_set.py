@@ -14,7 +14,8 @@ from collections.abc import Iterable, Sequence
 
 from pyspark.sql import Column, SparkSession
 
-from spark_jobs.rules.model import AnyRule, ThresholdRule
+from spark_jobs.engine.conditions import value_spec
+from spark_jobs.rules.model import AnyRule, CorrelationRule, ThresholdRule, VelocityRule, parse_rule
 from spark_jobs.spark import jvm_class
 from spark_jobs.streaming.rules_source import Cond, RuleRow, rule_rows
 
@@ -49,6 +50,100 @@ def rule_set_spec(threshold: Sequence[RuleRow]) -> str:
     return json.dumps({"threshold": spec}, sort_keys=True, separators=(",", ":"))
 
 
+def signature(rule: AnyRule) -> str:
+    """What a window or context buffer depends on; a version that changes it resets state.
+
+    A new threshold or emit mode keeps the window (it applies from the next event);
+    new conditions, grouping or value fields mean old entries no longer qualify.
+    """
+    d = rule.model_dump(mode="json")
+    keep = ("source_topic", "conditions", "group_by", "aggregation_field", "aggregation_type", "time_mode",
+            "timestamp_field", "context_topic", "correlation_key", "context_value_field", "context_type_field",
+            "context_type_value", "event_value_field")
+    return json.dumps({k: d.get(k) for k in keep}, sort_keys=True)
+
+
+def rule_spec(rule: AnyRule, signature: str) -> dict:
+    """What the JVM keyed operators read of one keyed rule (RuleSpec.java): the values
+    the rule model derives (window and lookback in ms, the watermark delay in ms, the
+    state signature, the condition's typed value), so the JVM re-derives none of them."""
+    d: dict = {
+        "rule_id": rule.rule_id,
+        "version": rule.version,
+        "rule_type": rule.rule_type,
+        "name": rule.name,
+        "signature": signature,
+        "uses_event_time": rule.uses_event_time,
+        "timestamp_field": rule.timestamp_field,
+        "window_ms": rule.window_ms,
+    }
+    if isinstance(rule, VelocityRule):
+        d.update(
+            watermark_delay_ms=int(rule.watermark_delay * 1000),
+            aggregation_type=rule.aggregation_type,
+            threshold=float(rule.threshold),
+            emit_mode=rule.emit_mode,
+            emit_to_sink=rule.emit_to_sink,
+        )
+    elif isinstance(rule, CorrelationRule):
+        spec = value_spec(rule.condition.value)
+        d.update(
+            watermark_delay_ms=int(rule.watermark_delay * 1000),
+            lookback_ms=rule.lookback_ms,
+            context_resolution=rule.context_resolution,
+            min_context_points=rule.min_context_points,
+            metric=rule.metric,
+            emit_context=rule.emit_mode in ("context", "both"),
+            cond_op=rule.condition.operator,
+            cond_kind=spec["kind"],
+            cond_num=spec["num"],
+            cond_bool=spec["bool"],
+            cond_str=spec["str"],
+        )
+    else:
+        raise ValueError(f"rule {rule.rule_id} is no keyed rule ({rule.rule_type})")
+    return d
+
+
+# Which keyed operator of the live chain judges a rule row (KeyedRules.FIRST/SECOND): the
+# second judges the correlation rules fed by a velocity rule, on the first's routed emits.
+FIRST, SECOND = "first", "second"
+
+
+def keyed_spec(rows: Sequence[RuleRow]) -> list[dict]:
+    """The keyed rule rows of `rows` (velocity and correlation, one per role) as the
+    evaluator's KeyedRules reads them, in the given order (an operator's input names a
+    row by its index here)."""
+    fed = {r.rule_id for r in rows if r.route_from is not None}
+    out = []
+    for r in rows:
+        if r.rule_type == "threshold":
+            continue
+        rule = parse_rule(json.loads(r.rule_json))
+        out.append({
+            "stage": SECOND if r.rule_id in fed else FIRST, "role": r.role, "topic": r.topic,
+            "route_from": r.route_from, "event_time": r.event_time,
+            "conditions": [_cond_spec(c) for c in r.conditions],
+            # The key group: rules grouping by one path share the keys' state groups.
+            "gid": r.key_path or "", "key": segments(r.key_path), "ts": segments(r.ts_path),
+            "val": segments(r.val_path), "val_text": r.val_path, "val_need": r.val_need,
+            # The value's JSON text goes to the operator only where a rule keeps or
+            # compares it (distinct counts, a correlation's context and primaries).
+            "keep_json": r.val_need == "json" or r.rule_type == "correlation",
+            "rule": rule_spec(rule, signature(rule)),
+        })
+    return out
+
+
+def live_spec(rows: Sequence[RuleRow]) -> str:
+    """The live job's rule-set spec of every rule row in force: the threshold rules and
+    the keyed rules, one version of both (rule_versions.py)."""
+    threshold = [r for r in rows if r.rule_type == "threshold"]
+    spec = json.loads(rule_set_spec(threshold))
+    spec["keyed"] = keyed_spec(rows)
+    return json.dumps(spec, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
 def thresholds(spark: SparkSession, topic: Column, v: Column, spec: str) -> Column:
     """struct<m: array<int>, u: array<string>>: per event, the indexes (in the spec) of
     the threshold rules it passes, and `rule id` SKIP_SEP `reason` for each rule only a
@@ -73,3 +168,21 @@ def live_thresholds(spark: SparkSession, topic: Column, v: Column, versions_dir:
     if entry is None:
         raise NotImplementedError("the live rule-set evaluator on Spark Connect")
     return ClassicColumn(entry.liveThresholds(topic._jc, v._jc, versions_dir))
+
+
+def live_keyed(spark: SparkSession, topic: Column, route_from: Column, v: Column, proc_ms: Column,
+               versions_dir: str, stage: str, max_ahead_ms: int) -> Column:
+    """struct<g: array<struct<gid, k, wm, mem: array<struct<i, ts, far, num, jv>>>>,
+    u: array<string>, ctx: boolean>: per event, the key groups of `stage`'s keyed rules
+    it enters (each entered rule row by its index in the micro-batch's version, with
+    its time, number and JSON text), the entries of values the rules could not read, and
+    whether the second operator's correlation rules read it as context
+    (ruleplatform.rules.KeyedRules), judged by the version of the running micro-batch,
+    as `live_thresholds`."""
+    from pyspark.sql.classic.column import Column as ClassicColumn
+
+    entry = jvm_class(spark, EVALUATOR_CLASS)
+    if entry is None:
+        raise NotImplementedError("the live rule-set evaluator on Spark Connect")
+    return ClassicColumn(entry.liveKeyed(topic._jc, route_from._jc, v._jc, proc_ms._jc, versions_dir, stage,
+                                         max_ahead_ms))

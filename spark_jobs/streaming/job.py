@@ -5,14 +5,12 @@ Plan of one micro-batch, one line from one scan of the input to one Kafka write:
   Kafka records (Spark's Kafka connector: the topics of the rules in force, offsets in
   the checkpoint)
     -> parse to VARIANT once
-    -> the threshold rules in force judged by the rule-set evaluator (one JVM call per
-       event, engine/rule_set.py), the keyed rules compiled into the plan (compiled.py):
-       each path read once per event, each rule's conditions as generated code; per
-       event one row per key group (the velocity and correlation rules on one key
-       expression) it enters, plus one row, at most, of each of: its threshold matches
-       (the rules' indexes),
-       its dead letter (a record that is no event), its context record for the
-       correlation rules fed by a velocity rule (`event_rows`)
+    -> every rule in force judged by the rule-set evaluator (JVM calls per event,
+       engine/rule_set.py: the threshold rules, and the key groups of the keyed rules,
+       keyed_input.py): per event one row per key group (the velocity and correlation
+       rules on one key path) it enters, plus one row, at most, of each of: its
+       threshold matches, its dead letter (a record that is no event), its context
+       record for the correlation rules fed by a velocity rule (`event_rows`)
     -> the first keyed operator, keyed by (key group, bucket of the key): a Java
        StatefulProcessor on transformWithState (jvm_operator.py); the rows of no key
        group pass through it
@@ -31,16 +29,13 @@ output of a stateful operator split into two branches would be two operators wit
 states. Every plan has the same shape whatever the rules (one Kafka source, two
 stateful operators), because a query restarted on its checkpoint must name the same
 sources and operators: a chain that came and went with the fed correlation rules was
-refused by the checkpoint at the next rule change.
+refused by the checkpoint.
 
-The threshold rules are not in the plan: each micro-batch takes one version of them,
-recorded in the checkpoint under its id (rule_versions.py), so a threshold rule change
-applies from the next batch without a new plan, and a batch run again after a crash
-judges with the versions it had. A keyed rule change is a new plan: when the keyed part
-of the registry's snapshot changes, the query finishes its batch in flight and restarts
-in this process on the same checkpoint (same query id, state and offsets kept), so the
-new rules judge the records from the next batch on.
-Only the watermark delay and the subscribed topics are fixed for the process
+No rule is in the plan: each micro-batch takes one version of the rule set, recorded in
+the checkpoint under its id (rule_versions.py), which the evaluator and the keyed
+operators read, so a rule change of any kind applies from the next batch without a new
+plan or a query restart, and a batch run again after a crash judges with the versions
+it had. Only the watermark delay and the subscribed topics are fixed for the process
 (docs/rule-language.md, "Order, the job watermark and late events"; docs/architecture.md);
 the status records them so a supervisor can restart the job when the rules need others.
 """
@@ -66,20 +61,20 @@ from pyspark.sql.streaming import StreamingQuery
 from spark_jobs.engine.correlation import correlation_members
 from spark_jobs.engine.detections import detection_id, detection_value, head_of, processed_clock
 from spark_jobs.engine.events import classify, parse_variant, with_reasons
-from spark_jobs.engine.rule_set import live_thresholds
+from spark_jobs.engine.rule_set import FIRST, SECOND, live_thresholds
 from spark_jobs.engine.velocity import velocity_members
 from spark_jobs.kafka import admin
 from spark_jobs.kafka.client_config import with_bootstrap
 from spark_jobs.kafka.spark_io import read_stream, write_stream
 from spark_jobs.rules.model import job_watermark_delay_s
-from spark_jobs.streaming.compiled import SKIP_SEP, RuleRow, key_rows, read_snapshot, rows_of
 from spark_jobs.streaming.jvm_operator import keyed_operator
-from spark_jobs.streaming.keyed_rows import OUTPUT_COLUMNS, OUTPUT_SCHEMA, PASS_GID, Slot
+from spark_jobs.streaming.keyed_input import SKIP_SEP, key_rows
+from spark_jobs.streaming.keyed_rows import OUTPUT_COLUMNS, OUTPUT_SCHEMA, PASS_GID
 from spark_jobs.streaming.quarantine import OffsetRange, Quarantine, quarantine_reason
 from spark_jobs.streaming.registry import ROUTED_TOPIC, RuleProblem, RuleRegistry
 from spark_jobs.streaming.rule_versions import prune as prune_versions
 from spark_jobs.streaming.rule_versions import publish as publish_versions
-from spark_jobs.streaming.rules_source import RULE_DEFS
+from spark_jobs.streaming.rules_source import RuleRow, read_snapshot, rows_of
 from spark_jobs.streaming.threshold_lane import LANE_SKIPPED, start_lane
 
 log = logging.getLogger(__name__)
@@ -121,10 +116,18 @@ class DetectConfig:
 
     @property
     def versions_dir(self) -> Path:
-        """The threshold rule-set versions (rule_versions.py) of the batches of the query
-        that judges the threshold rules: the real-time lane's or the keyed query's. Two
-        directories, since each query numbers its batches from 0."""
-        return (self.state_dir / ("lane-versions" if self.real_time else "versions")).resolve()
+        """The rule-set versions (rule_versions.py) of the keyed query's batches."""
+        return (self.state_dir / "versions").resolve()
+
+    @property
+    def lane_versions_dir(self) -> Path:
+        """The real-time lane's (threshold_lane.py): a directory of its own, since each
+        query numbers its batches from 0."""
+        return (self.state_dir / "lane-versions").resolve()
+
+    def version_dirs(self) -> list[Path]:
+        """Where a new rule-set version is published: each running query's directory."""
+        return [self.versions_dir, self.lane_versions_dir] if self.real_time else [self.versions_dir]
 
     @property
     def real_time(self) -> bool:
@@ -317,51 +320,42 @@ def _carry(**given: Column) -> Column:
     return F.struct(*[(given[c] if c in given else F.lit(None)).cast(types[c]).alias(c) for c in _PASSED])
 
 
-def event_rows(raw: DataFrame, rules: Sequence[RuleRow], fed: set[str], max_ahead_ms: int,
-               skipped_metric: str | Observation = "skipped_keyed", *,
-               versions: Path | None) -> tuple[DataFrame, list[Slot]]:
+def event_rows(raw: DataFrame, versions_dir: Path, max_ahead_ms: int,
+               skipped_metric: str | Observation = "skipped_keyed", *, thresholds: bool) -> DataFrame:
     """The first operator's input, from the one scan of the input (`raw`, classified):
     per event one row per key group of the velocity and unfed correlation rules it
-    enters (compiled.key_rows), and rows that only pass through the operators
+    enters (keyed_input.key_rows), and rows that only pass through the operators
     (`_pass`, PASS_GID):
 
-    - a record that is no event: once, kind "dead" (with no `versions`, only when this
+    - a record that is no event: once, kind "dead" (without `thresholds`, only when this
       query quarantined it: the real-time lane dead-letters the others);
-    - an event that passes threshold rules: once, kind "threshold", the rules it passes
-      (JSON of their ids, versions and names) in `rule_id` (`threshold_detections` makes
-      them rows, behind the operators): per event, not per (event, rule), across the
-      shuffles. The rule-set evaluator judges them with the micro-batch's version of
-      the threshold rules (rule_set.live_thresholds, from `versions`:
-      rule_versions.py), not rules held in the plan, so the plan is the same whatever
-      threshold rules are in force (no `versions`: the threshold rules run in the
+    - with `thresholds`, an event that passes threshold rules: once, kind "threshold",
+      the rules it passes (JSON of their ids, versions and names) in `rule_id`
+      (`threshold_detections` makes them rows, behind the operators): per event, not
+      per (event, rule), across the shuffles (without: the threshold rules run in the
       real-time lane, threshold_lane.py, and not here);
-    - an event of a topic that the correlation rules fed by a velocity rule (`fed`)
-      read as context: once, kind "context", judged by the second operator (`_chain`).
+    - an event that the correlation rules fed by a velocity rule read as context: once,
+      kind "context", judged by the second operator (`_chain`).
 
-    Values the rules cannot read are observed as `skipped_metric`, threshold rules' too.
+    Every rule is judged by the rule-set evaluator with the micro-batch's version of the
+    rules (rule_set.live_thresholds and live_keyed, from `versions_dir`:
+    rule_versions.py), not rules held in the plan, so the plan is the same whatever
+    rules are in force. Values the rules cannot read are observed as `skipped_metric`,
+    threshold rules' too.
     """
-    keyed = [r for r in rules if r.rule_type != "threshold" and r.rule_id not in fed]
-    context_topics = sorted({r.topic for r in rules if r.rule_id in fed and r.route_from is None})
     event = F.col("_reason").isNull()
     # A record that is no event is a dead letter of the real-time lane's when it runs
     # (threshold_lane.py); one this query quarantined (quarantine.py) stays its own.
-    dead = ~event if versions is not None else F.col("_quarantine").isNotNull()
+    dead = ~event if thresholds else F.col("_quarantine").isNotNull()
     passing = [(dead, _carry(kind=F.lit("dead"), ts_ms=F.col("proc_ms"), reason=F.col("_reason")))]
     unreadable = None
-    if versions is not None:
-        raw = raw.withColumn("_th", live_thresholds(raw.sparkSession, F.col("topic"), F.col("v"), str(versions)))
+    if thresholds:
+        raw = raw.withColumn("_th", live_thresholds(raw.sparkSession, F.col("topic"), F.col("v"), str(versions_dir)))
         passing.append((event & (F.size("_th.m") > F.lit(0)),
                         _carry(kind=F.lit("threshold"), rule_id=F.to_json("_th.m"), ts_ms=F.col("proc_ms"))))
         unreadable = F.col("_th.u")
-    if context_topics:
-        passing.append((event & F.col("in_topic").isin(*context_topics),
-                        _carry(kind=F.lit("context"), ts_ms=F.col("proc_ms"))))
-    return key_rows(raw, keyed, max_ahead_ms=max_ahead_ms, skipped_metric=skipped_metric, passing=passing,
-                    unreadable=unreadable)
-
-
-def threshold_of(rules: Sequence[RuleRow]) -> list[RuleRow]:
-    return [r for r in rules if r.rule_type == "threshold"]
+    passing.append((event & F.col("_kctx"), _carry(kind=F.lit("context"), ts_ms=F.col("proc_ms"))))
+    return key_rows(raw, FIRST, str(versions_dir), max_ahead_ms, skipped_metric, passing, unreadable)
 
 
 _MATCHED = "array<struct<rule_id:string,rule_version:string,rule_name:string>>"
@@ -399,9 +393,10 @@ def _operator_input(rows: DataFrame, buckets: int) -> DataFrame:
 def build(spark: SparkSession, cfg: DetectConfig, watermark_delay_s: float, topics: list[str],
           rules: Sequence[RuleRow], buckets: int = DEFAULT_KEY_BUCKETS, min_partitions: int = 0,
           quarantined: list[OffsetRange] | None = None) -> DataFrame:
-    """The whole job as one streaming DataFrame of (topic, key, value) Kafka records,
-    with `rules` (the rule set in force) compiled into it (compiled.py), velocity and
-    correlation through the JVM keyed operators (jvm_operator.py).
+    """The whole job as one streaming DataFrame of (topic, key, value) Kafka records:
+    every rule judged by the rule-set evaluator with each micro-batch's version of the
+    rules (`rules`, the rule set in force, is published as the first: rule_versions.py),
+    velocity and correlation through the JVM keyed operators (jvm_operator.py).
 
     One line from one scan of the input to one Kafka write: every event's threshold
     matches, dead letters and context records pass through both keyed operators
@@ -413,26 +408,23 @@ def build(spark: SparkSession, cfg: DetectConfig, watermark_delay_s: float, topi
     raw = classify(_input(spark, cfg, topics, min_partitions, quarantined))
     raw = raw.withColumn("_reason", F.coalesce(F.col("_quarantine"), F.col("_reason")))
 
+    delay_ms = int(watermark_delay_s * 1000)
+    max_ahead_ms = max(1_000, delay_ms)
+    for folder in cfg.version_dirs():
+        publish_versions(folder, rules)
     # Correlation rules fed by a velocity rule (`velocity_filter_rule_id`) are the second
     # operator's; every other keyed rule is the first's (which also dead-letters late
     # rows and event-time rows without a usable timestamp).
-    keyed_rules = [r for r in rules if r.rule_type != "threshold"]
-    fed = {r.rule_id for r in keyed_rules if r.route_from is not None}
-    delay_ms = int(watermark_delay_s * 1000)
-    max_ahead_ms = max(1_000, delay_ms)
-    # The threshold rules are not in the plan: the ones given here are the version in
-    # force when it starts (a later one is published by `run` as the registry reads it).
-    publish_versions(cfg.versions_dir, threshold_of(rules))
-    keyed, slots = event_rows(raw, rules, fed, max_ahead_ms, versions=None if cfg.real_time else cfg.versions_dir)
+    keyed = event_rows(raw, cfg.versions_dir, max_ahead_ms, thresholds=not cfg.real_time)
     # The job watermark: bounded out-of-orderness over the event times of the rows'
     # event-time rules (`wm`; NULL on pass rows). The metadata is then projected away so
     # Spark does not drop late rows silently; the processor dead-letters them instead.
     watermarked = keyed.withColumn("wm_ts", F.timestamp_millis(F.col("wm"))).withWatermark(
         "wm_ts", f"{delay_ms} milliseconds")
     stateful_in = _operator_input(watermarked.drop("wm_ts"), buckets)
-    defs_dir = str(cfg.state_dir / RULE_DEFS)
-    first = keyed_operator(stateful_in, slots, defs_dir, place="first")
-    out = _chain(first, [r for r in keyed_rules if r.rule_id in fed], buckets, defs_dir, max_ahead_ms)
+    versions = str(cfg.versions_dir)
+    first = keyed_operator(stateful_in, versions, place="first")
+    out = _chain(first, buckets, versions, max_ahead_ms)
     out = threshold_detections(out)
 
     members = F.when(F.col("rule_type") == "threshold", F.lit("")).when(
@@ -454,17 +446,17 @@ _PASSED = [c for c in OUTPUT_COLUMNS if c not in ("topic", "seq", "raw")]
 PASS_BUCKETS = 64
 
 
-def _chain(first: DataFrame, rows: list[RuleRow], buckets: int, defs_dir: str, max_ahead_ms: int) -> DataFrame:
+def _chain(first: DataFrame, buckets: int, versions_dir: str, max_ahead_ms: int) -> DataFrame:
     """The second operator, present in every plan (with no rules when no correlation
-    rule in force is fed by a velocity rule): the fed correlation rules `rows` on the
-    first operator's routed emits of this micro-batch and on their context records
+    rule in force is fed by a velocity rule): the fed correlation rules of the batch's
+    version on the first operator's routed emits of this micro-batch and on their context records
     (the events the first operator handed on as kind "context"); every other row of
     the first operator passes through it, in groups of their own (PASS_GID).
 
     A routed emit enters as the event it is (its topic and arrival position: the
     correlation's detection id is the one the backtest gives) under the in-plan label
-    ROUTED_TOPIC with the velocity rule's id (`route_from`), which compiled.py's routed
-    rule rows test; it has no broker time (`proc_ms` NULL) and is not judged late a
+    ROUTED_TOPIC with the velocity rule's id (`route_from`), which the routed rule rows
+    test (rules_source.py); it has no broker time (`proc_ms` NULL) and is not judged late a
     second time. The emits of a velocity rule that no fed rule in force reads (disabled,
     gone) enter no rule and go nowhere (docs/rule-language.md, "Routing"). Context records
     carry no watermark of their own: the job's one watermark comes through the first operator (a second
@@ -483,11 +475,10 @@ def _chain(first: DataFrame, rows: list[RuleRow], buckets: int, defs_dir: str, m
         # (no parse: its `_reason` keeps it out of every key group).
         F.when(judged, parse_variant(F.col("raw"))).alias("v"),
     )
-    from_first, slots = key_rows(with_reasons(emits), rows, max_ahead_ms=max_ahead_ms,
-                                 skipped_metric="skipped_routed",
-                                 passing=[(F.col("_carry").isNotNull(), F.col("_carry"))])
+    from_first = key_rows(with_reasons(emits), SECOND, versions_dir, max_ahead_ms, "skipped_routed",
+                          passing=[(F.col("_carry").isNotNull(), F.col("_carry"))])
     stateful_in = _operator_input(from_first, buckets)
-    return keyed_operator(stateful_in, slots, defs_dir, place="second")
+    return keyed_operator(stateful_in, versions_dir, place="second")
 
 
 # ------------------------------------------------------------------------------ status
@@ -511,12 +502,11 @@ class StatusReporter:
         self.run_id: str | None = None
         self.progress: dict | None = None
         self.state = "starting"
-        # The rule set the running query evaluates, how often rule changes restarted it
-        # (a keyed rule changed) and how often they applied without (thresholds only).
+        # The rule set the running query evaluates, and how many rule changes applied
+        # (each without a restart: a new version for the next batch).
         self.in_force: Compiled | None = None
-        # A threshold change published for the next batch, until it is in force.
+        # A change published for the next batch, until it is in force.
         self.pending: Compiled | None = None
-        self.rule_reloads = 0
         self.rule_changes_live = 0
         # The real-time lane's query, when the threshold rules run there (threshold_lane.py).
         self.lane: dict | None = None
@@ -545,11 +535,11 @@ class StatusReporter:
             "restart_required": bool(reasons),
             "restart_reasons": reasons,
             "source_topics": self.topics,
-            # The versions the running query evaluates (a change applies once the
-            # query has restarted with it: in_force), not those the registry has read.
+            # The versions the running query evaluates (a change applies once no batch
+            # that may have taken the previous version runs: in_force), not those the
+            # registry has read.
             "rule_versions": self.in_force.versions() if self.in_force is not None else rules.versions(),
             "rule_versions_next": self.pending.versions() if self.pending is not None else None,
-            "rule_reloads": self.rule_reloads,
             "rule_changes_live": self.rule_changes_live,
             "threshold_lane": self._lane_status(),
             "rule_problems": self.registry.problem_count,
@@ -671,20 +661,15 @@ class Compiled:
     def versions(self) -> dict[str, str]:
         return {rid: str(d.get("version")) for rid, d in sorted(json.loads(self.snapshot).items())}
 
-    def keyed(self) -> dict:
-        """The rules compiled into the plan: all but the threshold rules, which the
-        evaluator reads per micro-batch (rule_versions.py)."""
-        return {rid: d for rid, d in json.loads(self.snapshot).items() if d.get("rule_type") != "threshold"}
-
-    def threshold_rows(self, defs_dir: Path) -> list[RuleRow]:
-        return threshold_of(rows_of(json.loads(self.snapshot), ROUTED_TOPIC, defs_dir))
+    def rows(self) -> list[RuleRow]:
+        return rows_of(json.loads(self.snapshot), ROUTED_TOPIC)
 
 
 def _start_query(spark: SparkSession, cfg: DetectConfig, delay: float, topics: list[str],
                  quarantine: Quarantine) -> tuple[StreamingQuery, Compiled]:
-    """Start the query with the registry's current snapshot compiled into its plan."""
+    """Start the query with the registry's current snapshot as its first rule-set version."""
     text = read_snapshot(cfg.state_dir / "rules.json")
-    rows = rows_of(json.loads(text), ROUTED_TOPIC, cfg.state_dir / RULE_DEFS)
+    rows = rows_of(json.loads(text), ROUTED_TOPIC)
     # One scan task per core: each task of the scan stage generates the code of the wide
     # projections again, so more tasks than cores only add that work (bench_detect.py,
     # docs/benchmarks.md).
@@ -801,13 +786,13 @@ def run(cfg: DetectConfig, stop: threading.Event | None = None) -> int:
     status.publish()
     exit_code = 0
     last_batch = None
-    pruned = 0
-    # A threshold change published to the versions directory is in force (and the status
-    # says so) only once no batch that may have taken the old version is still running.
-    pending_after = -1
+    pruned = lane_pruned = 0
+    # A change published to the versions directories is in force (and the status says
+    # so) only once no batch that may have taken the old version is still running: the
+    # last batch id of each query (the keyed query's, the lane's) at the publish.
+    pending_after = (-1, -1)
     try:
         while True:
-            reload = False
             while query.isActive and not stop.is_set():
                 stop.wait(0.5)
                 p = query.lastProgress
@@ -819,25 +804,27 @@ def run(cfg: DetectConfig, stop: threading.Event | None = None) -> int:
                 if lp is not None and lp.get("batchId") != (status.lane_progress or {}).get("batchId"):
                     status.lane_progress = lp
                     status.count_unreadable(lp)
-                # The versions of the batches of the query that judges the threshold rules.
-                judged = _last_batch(lane or query)
+                # The versions recorded for each query's batches.
+                judged = _last_batch(query)
                 if judged >= 0 and judged - pruned >= PRUNE_EVERY:
                     prune_versions(cfg.versions_dir, judged - KEEP_BATCH_VERSIONS)
                     pruned = judged
+                lane_judged = _last_batch(lane) if lane is not None else -1
+                if lane_judged >= 0 and lane_judged - lane_pruned >= PRUNE_EVERY:
+                    prune_versions(cfg.lane_versions_dir, lane_judged - KEEP_BATCH_VERSIONS)
+                    lane_pruned = lane_judged
                 snapshot = read_snapshot(cfg.state_dir / "rules.json")
                 if snapshot != (status.pending or status.in_force).snapshot:
                     new = Compiled(snapshot)
-                    # New keyed rules are a new plan (compiled.py): after the batch in
-                    # flight, the query restarts on its checkpoint (same query id, state
-                    # kept). New threshold rules are a new version for the next batch.
-                    reload = new.keyed() != status.in_force.keyed()
-                    if reload:
-                        break
-                    publish_versions(cfg.versions_dir, new.threshold_rows(cfg.state_dir / RULE_DEFS))
+                    # A rule change is a new version of the rule set for the next batch
+                    # of each query (rule_versions.py): no new plan, no restart.
+                    for folder in cfg.version_dirs():
+                        publish_versions(folder, new.rows())
                     status.pending = new
-                    pending_after = _last_batch(lane or query)
-                    log.info("threshold rules changed: versions %s from the next batch", new.versions())
-                if status.pending is not None and _started_since(lane or query, pending_after):
+                    pending_after = (_last_batch(query), _last_batch(lane) if lane is not None else -1)
+                    log.info("rules changed: versions %s from the next batch", new.versions())
+                if status.pending is not None and _started_since(query, pending_after[0]) and (
+                        lane is None or _started_since(lane, pending_after[1])):
                     status.in_force, status.pending = status.pending, None
                     status.rule_changes_live += 1
                 if lane is not None and not lane.isActive and not stop.is_set():
@@ -845,16 +832,6 @@ def run(cfg: DetectConfig, stop: threading.Event | None = None) -> int:
                     if lane is None:
                         break
                 status.publish()
-            if reload and not stop.is_set():
-                _stop_after_batch_in_flight(query)
-                if query.exception() is None:
-                    query, status.in_force = _start_query(spark, cfg, delay, topics, quarantine)
-                    status.pending = None
-                    status.run_id = str(query.runId)
-                    status.rule_reloads += 1
-                    log.info("rules changed: query restarted with versions %s", status.in_force.versions())
-                    status.publish()
-                    continue
             if cfg.real_time and lane is None:
                 _stop_after_batch_in_flight(query)
                 status.state = "failed"

@@ -1,17 +1,10 @@
-"""The rows of the live job's keyed operators (jvm_operator.py) and the rules they name.
+"""The rows the live job's keyed operators (jvm_operator.py) write.
 
-The job hands each keyed operator one row per (event, key group) (compiled.key_rows),
-the indexes of the rule rows the event enters in `m`, each index naming a `Slot`; the
+The job hands each keyed operator one row per (event, key group) (keyed_input.py); the
 operators write OUTPUT_SCHEMA rows (CHAINED_SCHEMA when a second operator follows).
-The rules reach the operator by reference: a slot names its rule's definition in the
-job's defs_dir (rules_source.RULE_DEFS), read once per process.
 """
 
 from __future__ import annotations
-
-import json
-from pathlib import Path
-from typing import NamedTuple
 
 from pyspark.sql.types import (
     BooleanType,
@@ -22,9 +15,6 @@ from pyspark.sql.types import (
     StructType,
     TimestampType,
 )
-
-from spark_jobs.rules.model import AnyRule, parse_rule
-from spark_jobs.streaming.rules_source import rule_def_path
 
 OUTPUT_SCHEMA = StructType([
     StructField("kind", StringType()),  # detection | routed | dead
@@ -63,46 +53,3 @@ CHAINED_SCHEMA = StructType([*OUTPUT_SCHEMA.fields, StructField("et", TimestampT
 # parse of the input, or a stateful operator twice, each copy with a state of its own.
 # No rule's key group is this (key groups are JSON paths).
 PASS_GID = "\u0000pass"
-
-
-class Slot(NamedTuple):
-    """One keyed rule row of the plan, named by its index in an input row's `m`: the
-    rule (by `rule_ref` in the job's defs_dir), its role, and the columns its time and
-    value are in."""
-
-    rule_ref: str
-    role: str  # source | context | routed
-    event_time: bool
-    ts_col: str  # epoch ms (proc_ms: processing time)
-    far_col: str | None  # why the time is unusable (NULL: it is usable)
-    num_col: str | None
-    jv_col: str | None
-
-
-_BY_REF: dict[tuple[str, str], tuple[AnyRule, str]] = {}
-
-
-def slot_rule(slot: Slot, defs_dir: str | Path) -> tuple[AnyRule, str]:
-    """The rule a slot names, read from `defs_dir` by its reference once per process, and
-    its state signature."""
-    key = (str(defs_dir), slot.rule_ref)
-    hit = _BY_REF.get(key)
-    if hit is None:
-        if len(_BY_REF) > 10_000:
-            _BY_REF.clear()
-        rule = parse_rule(json.loads(rule_def_path(defs_dir, slot.rule_ref).read_text()))
-        hit = _BY_REF[key] = (rule, signature(rule))
-    return hit
-
-
-def signature(rule: AnyRule) -> str:
-    """What a window or context buffer depends on; a version that changes it resets state.
-
-    A new threshold or emit mode keeps the window (it applies from the next event);
-    new conditions, grouping or value fields mean old entries no longer qualify.
-    """
-    d = rule.model_dump(mode="json")
-    keep = ("source_topic", "conditions", "group_by", "aggregation_field", "aggregation_type", "time_mode",
-            "timestamp_field", "context_topic", "correlation_key", "context_value_field", "context_type_field",
-            "context_type_value", "event_value_field")
-    return json.dumps({k: d.get(k) for k in keep}, sort_keys=True)

@@ -1,13 +1,14 @@
-"""The threshold rule-set versions of a live query, as files in its checkpoint.
+"""The rule-set versions of a live query, as files in its checkpoint.
 
-The live plan holds no threshold rule: it calls the JVM evaluator with this directory
-(`rule_set.live_thresholds`), and each micro-batch is judged by one version of the rule
-set, decided by the batch's first task and recorded under the batch's id
-(`ruleplatform.rules.BatchVersions`). So a threshold rule change needs no new plan (no
-query restart), and a batch run again after a crash judges its events with the
-versions it had the first time: the same detections, the same detection ids.
+The live plan holds no rule: it calls the JVM evaluator with this directory
+(`rule_set.live_thresholds`, `rule_set.live_keyed`; the keyed operators read the same),
+and each micro-batch is judged by one version of the rule set, decided by the batch's
+first task and recorded under the batch's id (`ruleplatform.rules.BatchVersions`). So
+a rule change needs no new plan (no query restart), and a batch run again after a
+crash judges its events with the versions it had the first time: the same detections,
+the same detection ids.
 
-    DIR/specs/HASH.json   one rule-set spec per version (rule_set.rule_set_spec), named by
+    DIR/specs/HASH.json   one rule-set spec per version (rule_set.live_spec), named by
                           the SHA-256 of its text; written once, never changed
     DIR/current           the HASH the next batch takes (written by the driver)
     DIR/batches/ID        the HASH batch ID took (written by the batch's first task)
@@ -25,7 +26,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from spark_jobs.engine.rule_set import rule_set_spec
+from spark_jobs.engine.rule_set import live_spec
 from spark_jobs.streaming.rules_source import RuleRow
 
 CURRENT = "current"
@@ -40,10 +41,10 @@ def _write(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
-def publish(versions_dir: Path, threshold: Sequence[RuleRow]) -> str:
-    """Make the spec of the `threshold` rule rows the version the next micro-batch takes;
-    returns its hash. Batches already recorded keep theirs."""
-    spec = rule_set_spec(threshold)
+def publish(versions_dir: Path, rows: Sequence[RuleRow]) -> str:
+    """Make the spec of the rule rows in force (`rows`) the version the next micro-batch
+    takes; returns its hash. Batches already recorded keep theirs."""
+    spec = live_spec(rows)
     digest = hashlib.sha256(spec.encode()).hexdigest()
     path = versions_dir / SPECS / f"{digest}.json"
     if not path.exists():

@@ -1,16 +1,15 @@
-"""The roles a rule plays in the live plan, and its definition stored by content.
+"""The roles a rule plays in the live plan.
 
 Each rule becomes one row per role it plays: `source` (events of its source topic),
 `context` (a correlation rule's context topic) or `routed` (a correlation rule fed by a
 velocity rule's routed emits). Paths are pre-converted to JSON paths and condition
-values to typed specs; compiled.py turns the rows into the plan's expressions.
+values to typed specs; engine/rule_set.py writes the rows down as the rule-set spec
+the evaluator and the keyed operators read.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,34 +21,8 @@ from spark_jobs.rules.model import (
     CorrelationRule,
     ThresholdRule,
     VelocityRule,
+    parse_rule,
 )
-
-# Folder (in the job's state directory) of rule definitions by content hash: the keyed
-# operator's rows name their rule by `rule_ref` instead of carrying its JSON (about
-# 600 bytes copied per (event, rule) row and shuffled with each). A reference
-# names one text forever, so an operator reading it later still gets the rule of its
-# micro-batch, whatever the registry has written since.
-RULE_DEFS = "rule_defs"
-
-
-def rule_ref(rule_json: str) -> str:
-    return hashlib.sha256(rule_json.encode()).hexdigest()[:32]
-
-
-def rule_def_path(defs_dir: str | Path, ref: str) -> Path:
-    return Path(defs_dir) / f"{ref}.json"
-
-
-def write_rule_def(defs_dir: str | Path, rule_json: str) -> str:
-    """Store a rule's JSON under its reference (once; the file never changes)."""
-    ref = rule_ref(rule_json)
-    path = rule_def_path(defs_dir, ref)
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{ref}.{os.getpid()}.tmp")
-        tmp.write_text(rule_json)
-        os.replace(tmp, path)
-    return ref
 
 
 @dataclass(frozen=True)
@@ -80,7 +53,6 @@ class RuleRow:
     ts_path: str | None
     val_path: str | None
     val_need: str  # what the operator needs of the value: num | json | none
-    rule_ref: str
 
     @property
     def rule_name(self) -> str | None:
@@ -99,15 +71,14 @@ def _path(p: str | None) -> str | None:
     return json_path(p) if p else None
 
 
-def rule_rows(rule: AnyRule, routed_topic: str, defs_dir: str | Path | None = None) -> list[RuleRow]:
-    """The roles of one rule (its definition stored in `defs_dir`, named by `rule_ref`)."""
+def rule_rows(rule: AnyRule, routed_topic: str) -> list[RuleRow]:
+    """The roles of one rule."""
     rj = json.dumps(rule.model_dump(mode="json"), sort_keys=True)
-    ref = write_rule_def(defs_dir, rj) if defs_dir is not None else rule_ref(rj)
 
     def row(role: str, topic: str, event_time: bool, conditions: list[Cond], key_path: str | None,
             ts_path: str | None, val_path: str | None, val_need: str, route_from: str | None = None) -> RuleRow:
         return RuleRow(rule.rule_id, rule.version, rule.rule_type, role, topic, route_from, rj, event_time,
-                       tuple(conditions), key_path, ts_path, val_path, val_need, ref)
+                       tuple(conditions), key_path, ts_path, val_path, val_need)
 
     if isinstance(rule, ThresholdRule):
         return [row("source", rule.source_topic, False, [_cond(c) for c in rule.conditions], None, None, None, "none")]
@@ -131,3 +102,13 @@ def rule_rows(rule: AnyRule, routed_topic: str, defs_dir: str | Path | None = No
         type_filter = [_cond(Condition(field=rule.context_type_field, operator="==", value=rule.context_type_value))]
     need = "num" if (rule.context_resolution != "last" or rule.metric != "direct") else "json"
     return [primary, row("context", rule.context_topic, True, type_filter, key, ts, _path(rule.context_value_field), need)]
+
+
+def rows_of(rules: dict, routed_topic: str) -> list[RuleRow]:
+    """The RuleRows of a registry snapshot (`rules.json`: rule id -> rule JSON)."""
+    return [row for d in rules.values() for row in rule_rows(parse_rule(d), routed_topic)]
+
+
+def read_snapshot(path: Path) -> str:
+    """The registry's snapshot text (`{}` before the first write)."""
+    return path.read_text() if path.exists() else "{}"

@@ -54,7 +54,7 @@ def lane_records(spark: SparkSession, cfg: DetectConfig, topics: list[str],
     events = classify(job._input(spark, cfg, topics, quarantined=quarantined, real_time=True))
     events = events.withColumn("_reason", F.coalesce(F.col("_quarantine"), F.col("_reason")))
     judged = events.select("topic", "seq", "raw", "_reason", live_thresholds(
-        spark, F.col("topic"), F.col("v"), str(cfg.versions_dir)).alias("_th"))
+        spark, F.col("topic"), F.col("v"), str(cfg.lane_versions_dir)).alias("_th"))
     # Per real-time batch, as the keyed query observes its own (StatusReporter.count_unreadable).
     judged = judged.observe(LANE_SKIPPED, F.flatten(F.collect_list(
         F.when(F.size("_th.u") > F.lit(0), F.col("_th.u")))).alias("rows"))

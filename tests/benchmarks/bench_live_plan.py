@@ -39,9 +39,9 @@ from spark_jobs.kafka.spark_io import read_batch  # noqa: E402
 from spark_jobs.rules.model import parse_rule  # noqa: E402
 from spark_jobs.spark import session  # noqa: E402
 from spark_jobs.streaming import job  # noqa: E402
-from spark_jobs.streaming.compiled import rows_of  # noqa: E402
 from spark_jobs.streaming.registry import ROUTED_TOPIC  # noqa: E402
 from spark_jobs.streaming.rule_versions import publish  # noqa: E402
+from spark_jobs.streaming.rules_source import rows_of  # noqa: E402
 
 
 def produce(bootstrap: str, n: int, users: int) -> None:
@@ -80,7 +80,7 @@ def main() -> None:
         make_rules(work / "rules")
         rules = {r["rule_id"]: parse_rule(r).model_dump(mode="json")
                  for r in yaml.safe_load((work / "rules" / "bench.yaml").read_text())}
-        rows = rows_of(json.loads(json.dumps(rules)), ROUTED_TOPIC, work / "defs")
+        rows = rows_of(json.loads(json.dumps(rules)), ROUTED_TOPIC)
         spark = session("bench-live-plan", extra={"spark.sql.codegen.maxFields": str(args.max_fields)})
         records = read_batch(spark, broker.bootstrap, ["events.raw"], options={"minPartitions": "4"})
         raw = classify(records.select(
@@ -103,21 +103,21 @@ def main() -> None:
                            "jvm_cpu_us_per_event": round(cpu / n * 1e6, 1)}
 
         print(f"machine: {platform.machine()} {platform.processor() or ''}, python {platform.python_version()}, "
-              f"Spark local[2]; {n} events, {args.users} users, {len(rows)} rule rows compiled into the plan")
+              f"Spark local[2]; {n} events, {args.users} users, {len(rows)} rule rows")
         timed("Kafka read", records)
         timed("Kafka read + classify (VARIANT parse)", raw)
         versions = Path(tempfile.mkdtemp(prefix="bench-live-plan-"))
-        publish(versions, job.threshold_of(rows))
-        keyed, slots = job.event_rows(raw, rows, set(), max_ahead_ms=10**12,
-                                      versions=versions if args.threshold_lane == "micro-batch" else None)
+        publish(versions, rows)
+        keyed = job.event_rows(raw, versions, max_ahead_ms=10**12, thresholds=args.threshold_lane == "micro-batch")
         timed("event_rows (the first operator's input)", keyed)
         # Operator rows: one per (event, key group) and the pass rows (threshold matches,
         # dead letters); (event, rule) pairs: the indexes they carry.
         passes = F.col("gid") == F.lit(job.PASS_GID)
         counts = keyed.select(F.count("*").alias("rows"), F.sum(passes.cast("int")).alias("carried"),
-                              F.sum(F.when(~passes, F.size(F.split("m", ",")))).alias("pairs")).first()
+                              F.sum(F.when(~passes, F.size("mem"))).alias("pairs")).first()
+        keyed_rows = sum(r.rule_type != "threshold" for r in rows)
         print(f"operator rows per event: {counts['rows'] / n:.2f}, of which carried {counts['carried'] / n:.2f} "
-              f"((event, keyed rule) pairs per event: {counts['pairs'] / n:.2f}, {len(slots)} keyed rule rows)")
+              f"((event, keyed rule) pairs per event: {counts['pairs'] / n:.2f}, {keyed_rows} keyed rule rows)")
         spark.stop()
     append_result("live_plan", {
         "read_us_per_event": parts["Kafka read"]["jvm_cpu_us_per_event"],

@@ -45,10 +45,9 @@ from spark_jobs.kafka.broker import EmbeddedBroker, free_port  # noqa: E402
 from spark_jobs.kafka.spark_io import read_stream, write_stream  # noqa: E402
 from spark_jobs.rules.model import parse_rule  # noqa: E402
 from spark_jobs.spark import session  # noqa: E402
-from spark_jobs.streaming.compiled import rows_of  # noqa: E402
 from spark_jobs.streaming.job import STATE_STORE, DetectConfig, build  # noqa: E402
 from spark_jobs.streaming.registry import ROUTED_TOPIC  # noqa: E402
-from spark_jobs.streaming.rules_source import RULE_DEFS  # noqa: E402
+from spark_jobs.streaming.rules_source import rows_of  # noqa: E402
 
 TOPIC, OUT, DEAD = "rtm.events", "rtm.out", "rtm.dead"
 RULES = [
@@ -98,7 +97,7 @@ def main() -> None:
                                    for i in range(20)])
         rules = {r["rule_id"]: parse_rule(r).model_dump(mode="json") for r in RULES}
         cfg = DetectConfig(bootstrap=bootstrap, checkpoint=work / "live", sink_topic=OUT, dead_letter_topic=DEAD)
-        rows = rows_of(rules, ROUTED_TOPIC, cfg.state_dir / RULE_DEFS)
+        rows = rows_of(rules, ROUTED_TOPIC)
         def live_plan() -> DataFrame:
             return build(spark, cfg, 0.0, [TOPIC], rows, buckets=2)
 

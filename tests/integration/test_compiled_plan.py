@@ -1,14 +1,14 @@
-"""Property: the live plan's compiled rule set (compiled.py) passes exactly the (event,
-rule) pairs the plain-Python reference evaluator passes, on random rules and events:
-threshold rules (one row per event with the rules it passes, made one detection per
-pair behind the operators) and velocity rules (one row per (event, key group), the
-pairs named by index in it), and the values they cannot read observed per pair.
+"""Property: the live plan's rule-set evaluator passes exactly the (event, rule) pairs
+the plain-Python reference evaluator passes, on random rules and events: threshold
+rules (one row per event with the rules it passes, made one detection per pair behind
+the operators) and velocity rules (one row per (event, key group), the entered rule
+rows named by index in the batch's version, with their event times), and the values
+they cannot read observed per pair.
 
-The compiled plan groups rules by source topic, routes the rules that test one path for
-equality with a string by a CASE on the event's value, and looks for unreadable values
-once per event; each of those is a place where a rule could be skipped or tested
-against the wrong events. The oracle (tests/reference_engine.py) evaluates every
-condition of every rule of the event's topic, one by one, in Python.
+The evaluator indexes rules by source topic and by the string equality they test, and
+looks for unreadable values once per event; each of those is a place where a rule could
+be skipped or tested against the wrong events. The oracle (tests/reference_engine.py)
+evaluates every condition of every rule of the event's topic, one by one, in Python.
 """
 
 from __future__ import annotations
@@ -21,19 +21,27 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from pyspark.sql import Observation
 from pyspark.sql import functions as F
-from reference_engine import compare, get_path, parse_event, parse_number
+from reference_engine import compare, get_path, parse_event, parse_number, parse_timestamp_ms
 
 from spark_jobs.engine.events import classify
-from spark_jobs.streaming.compiled import key_rows, rows_of
-from spark_jobs.streaming.job import event_rows, threshold_detections, threshold_of
+from spark_jobs.engine.rule_set import FIRST
+from spark_jobs.streaming.job import event_rows, threshold_detections
+from spark_jobs.streaming.keyed_input import key_rows
 from spark_jobs.streaming.keyed_rows import PASS_GID
 from spark_jobs.streaming.registry import ROUTED_TOPIC
-from spark_jobs.streaming.rule_versions import publish
+from spark_jobs.streaming.rule_versions import current, publish
+from spark_jobs.streaming.rules_source import rows_of
 
 pytestmark = [pytest.mark.spark]
 
 TOPICS = ["e", "f"]
 TYPES = ["a", "b", "c", ""]
+# Event times: epoch seconds and ms (numbers and numeric strings), ISO-8601 with and
+# without an offset, one more than 5 s ahead of the broker time (PROC_MS), out of range,
+# and none.
+PROC_MS = 1767600000000
+TIMES = st.sampled_from([1767600000, 1767600000.5, 1767600000123, "1767600001", "2026-01-05T08:00:00Z",
+                         "2026-01-05T10:00:03.25+02:00", "2026-01-05T12:00:00", 1e30, -1e30, "not a time", True, None])
 VALUES = st.one_of(st.integers(-3, 12), st.sampled_from(["5", " 7 ", "x", "", "1e1", True, False, None, "a", "b"]))
 
 
@@ -74,6 +82,8 @@ def events(draw) -> list[tuple[str, str]]:
                 ev[field] = draw(VALUES)
         if draw(st.booleans()):
             ev["deep"] = {"x": draw(VALUES)}
+        if draw(st.booleans()):
+            ev["ts"] = draw(TIMES)
         text = json.dumps(ev) if draw(st.integers(0, 9)) else draw(st.sampled_from(["not json", "[1]", '{"type": "a"']))
         out.append((draw(st.sampled_from(TOPICS)), text))
     return out
@@ -112,13 +122,13 @@ def _reference(rule_list: list[dict], evs: list[tuple[str, str]]) -> tuple[set, 
 def _compiled_input(spark, tmp_path_factory, rule_list: list[dict], evs: list[tuple[str, str]]):
     """The rule rows compiled from `rule_list`, `evs` as the job's classified input, and
     the directory whose current version holds `rule_list`'s threshold rules."""
-    rows = rows_of({r["rule_id"]: r for r in rule_list}, ROUTED_TOPIC, tmp_path_factory.mktemp("defs"))
+    rows = rows_of({r["rule_id"]: r for r in rule_list}, ROUTED_TOPIC)
     versions = tmp_path_factory.mktemp("versions")
-    publish(versions, threshold_of(rows))
+    publish(versions, rows)
     raw = spark.createDataFrame([(seq, topic, text) for seq, (topic, text) in enumerate(evs)],
                                 "seq long, topic string, raw string").select(
         F.col("topic").alias("in_topic"), "topic", "seq", F.lit(None).cast("string").alias("route_from"), "raw",
-        F.lit(1767600000000).cast("long").alias("proc_ms"))
+        F.lit(PROC_MS).cast("long").alias("proc_ms"))
     return rows, classify(raw), versions
 
 
@@ -160,7 +170,7 @@ def test_compiled_rules_pass_what_the_reference_passes(spark, tmp_path_factory, 
 
 def _carried(raw, rows, versions, skipped_metric: str | Observation = "skipped_keyed"):
     """The rows the live plan carries through its operators (OUTPUT_SCHEMA's columns)."""
-    keyed, _ = event_rows(raw, rows, set(), 5_000, skipped_metric, versions=versions)
+    keyed = event_rows(raw, versions, 5_000, skipped_metric, thresholds=True)
     return keyed.filter(F.col("gid") == PASS_GID).select("topic", "seq", "raw", "_pass.*")
 
 
@@ -195,6 +205,8 @@ def velocity_rules(draw) -> list[dict]:
         group_by = draw(st.sampled_from(["m", "deep.x", None]))
         if group_by:
             rule["group_by"] = group_by
+        if draw(st.booleans()):
+            rule.update(time_mode="event_time", timestamp_field="ts")
         out.append(rule)
     return out
 
@@ -204,10 +216,26 @@ def _path_text(field: str) -> str:
     return "$" + "".join(f"['{part}']" for part in field.split("."))
 
 
-def _keyed_reference(rule_list: list[dict], evs: list[tuple[str, str]]) -> tuple[Counter, Counter]:
-    """(seq, rule_id, key group) of each (event, velocity rule) the event enters, and
-    (rule_id, reason) of each one a value the rule cannot read kept out."""
-    entered, skipped = Counter(), Counter()
+# Event times the engine accepts (docs/rule-language.md, "Timestamps"): years 0001 to 9999.
+MIN_EVENT_MS, MAX_EVENT_MS = -62_135_596_800_000, 253_402_300_799_999
+FAR = "event time more than 5000 ms ahead of the record's broker timestamp"
+
+
+def _event_time(obj: dict) -> tuple[int | None, str | None]:
+    """The event's `ts` as an event-time rule reads it: epoch ms (None: missing,
+    unparseable or out of range), and why it is unusable when it is too far ahead."""
+    ms = parse_timestamp_ms(get_path(obj, "ts"))
+    if ms is None or not MIN_EVENT_MS <= ms <= MAX_EVENT_MS:
+        return None, None
+    return ms, FAR if ms > PROC_MS + 5_000 else None
+
+
+def _keyed_reference(rule_list: list[dict], evs: list[tuple[str, str]]) -> tuple[Counter, Counter, dict]:
+    """(seq, rule_id, key group, time, far reason) of each (event, velocity rule) the
+    event enters (a processing-time rule's time is the broker time), (rule_id, reason)
+    of each one a value the rule cannot read kept out, and per (seq, key group) the
+    newest usable event time of its event-time rules (the job watermark's input)."""
+    entered, skipped, newest = Counter(), Counter(), {}
     for seq, (topic, raw) in enumerate(evs):
         obj = parse_event(raw)
         if obj is None:
@@ -231,27 +259,36 @@ def _keyed_reference(rule_list: list[dict], evs: list[tuple[str, str]]) -> tuple
                 continue
             if r.get("group_by") and get_path(obj, r["group_by"]) is None:
                 continue
-            entered[(seq, r["rule_id"], _path_text(r["group_by"]) if r.get("group_by") else "")] += 1
-    return entered, skipped
+            gid = _path_text(r["group_by"]) if r.get("group_by") else ""
+            ts, far = _event_time(obj) if r.get("time_mode") == "event_time" else (PROC_MS, None)
+            entered[(seq, r["rule_id"], gid, ts, far)] += 1
+            if r.get("time_mode") == "event_time" and ts is not None and far is None:
+                newest[(seq, gid)] = max(ts, newest.get((seq, gid), ts))
+    return entered, skipped, newest
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                                                    HealthCheck.function_scoped_fixture])
 @given(rule_list=velocity_rules(), evs=events())
 def test_keyed_rows_name_the_rules_the_reference_enters(spark, tmp_path_factory, rule_list, evs):
-    rows, raw, _ = _compiled_input(spark, tmp_path_factory, rule_list, evs)
+    rows, raw, versions = _compiled_input(spark, tmp_path_factory, rule_list, evs)
     skips = Observation("skips")
-    keyed, slots = key_rows(raw, rows, skipped_metric=skips)
-    got_rows = keyed.collect()
-    rule_of = {r.rule_ref: r.rule_id for r in rows}
+    got_rows = key_rows(raw, FIRST, str(versions), 5_000, skips, passing=[]).collect()
+    # A member names its rule row by its index in the version the rows were made with.
+    spec = json.loads((versions / "specs" / f"{current(versions)}.json").read_text())
+    rule_of = [row["rule"]["rule_id"] for row in spec["keyed"]]
     got: Counter = Counter()
+    newest = {}
     for row in got_rows:
-        assert row["k"] is not None and row["m"]
+        assert row["k"] is not None and row["mem"]
         # One row per (event, key group).
         assert sum(1 for o in got_rows if (o["seq"], o["gid"]) == (row["seq"], row["gid"])) == 1
-        for i in row["m"].split(","):
-            got[(row["seq"], rule_of[slots[int(i)].rule_ref], row["gid"])] += 1
-    entered, skipped = _keyed_reference(rule_list, evs)
+        for m in row["mem"]:
+            got[(row["seq"], rule_of[m["i"]], row["gid"], m["ts"], m["far"])] += 1
+        if row["wm"] is not None:
+            newest[(row["seq"], row["gid"])] = row["wm"]
+    entered, skipped, expected_newest = _keyed_reference(rule_list, evs)
     assert got == entered
+    assert newest == expected_newest
     observed = Counter(tuple(e.split("\u001f")) for e in skips.get["rows"])
     assert observed == skipped

@@ -3,7 +3,7 @@
 Hypothesis draws batches of events (arbitrary JSON with the field names the rules read,
 extreme numbers, NaN/Infinity literals, non-JSON text) and runs them through every
 stage that reads event data: the backtest end to end, the live job's plan on a real
-Spark session (its event rows: threshold matches and key groups, with the rules compiled into it) and its keyed
+Spark session (its event rows: threshold matches and key groups, by the rule-set evaluator) and its keyed
 operator (the JVM's, in a streaming query over the key rows). The only allowed outcomes
 are detections, dead letters and counted skips.
 """
@@ -22,12 +22,12 @@ from pyspark.sql import functions as F
 from spark_jobs.backtest.inputs import InputSpec
 from spark_jobs.backtest.runner import BacktestConfig, run_backtest
 from spark_jobs.engine.events import classify
-from spark_jobs.streaming.compiled import rows_of
-from spark_jobs.streaming.job import event_rows, threshold_detections, threshold_of
+from spark_jobs.streaming.job import event_rows, threshold_detections
 from spark_jobs.streaming.jvm_operator import keyed_operator
 from spark_jobs.streaming.keyed_rows import PASS_GID
 from spark_jobs.streaming.registry import ROUTED_TOPIC
 from spark_jobs.streaming.rule_versions import publish
+from spark_jobs.streaming.rules_source import rows_of
 
 pytestmark = [pytest.mark.spark]
 
@@ -65,13 +65,13 @@ RAW = st.sampled_from(['{"x": NaN, "ts": 1}', '{"x": Infinity}', '{"x": 1e400, "
 LINES = st.lists(st.one_of(EVENT.map(lambda e: json.dumps(e)), RAW), min_size=1, max_size=40)
 
 
-def _live_rows(spark, lines: list[str], defs: Path, work: Path) -> tuple[list, list]:
-    rules = rows_of({r["rule_id"]: r for r in RULES}, ROUTED_TOPIC, defs)
+def _live_rows(spark, lines: list[str], work: Path) -> tuple[list, list]:
+    rules = rows_of({r["rule_id"]: r for r in RULES}, ROUTED_TOPIC)
     raw = spark.createDataFrame([(i, line) for i, line in enumerate(lines)], "seq long, raw string").select(
         F.lit("e").alias("in_topic"), F.lit("e").alias("topic"), "seq", F.lit(None).cast("string").alias("route_from"),
         "raw", F.lit(1767600000000).cast("long").alias("proc_ms"))
-    publish(work / "versions", threshold_of(rules))
-    rows, slots = event_rows(classify(raw), rules, set(), max_ahead_ms=5_000, versions=work / "versions")
+    publish(work / "versions", rules)
+    rows = event_rows(classify(raw), work / "versions", max_ahead_ms=5_000, thresholds=True)
     carried = rows.filter(F.col("gid") == PASS_GID).select("topic", "seq", "raw", "_pass.*")
     threshold = threshold_detections(carried).select("kind", "rule_id", "reason").collect()
     # The keyed operator as the live job calls it (event-time timers need a streaming
@@ -83,7 +83,7 @@ def _live_rows(spark, lines: list[str], defs: Path, work: Path) -> tuple[list, l
     stateful_in = watermarked.select(*[c for c in stream.columns if c != "wm"],
                                      F.pmod(F.xxhash64("k"), F.lit(2)).cast("int").alias("bucket"))
     keyed: list = []
-    out = keyed_operator(stateful_in, slots, str(defs)).select("kind", "rule_id", "reason")
+    out = keyed_operator(stateful_in, str(work / "versions")).select("kind", "rule_id", "reason")
     with job_state_store(spark):
         q = (out.writeStream.foreachBatch(lambda df, _: keyed.extend(df.collect()))
              .option("checkpointLocation", str(work / "ckpt")).trigger(availableNow=True).start())
@@ -104,7 +104,7 @@ def test_any_event_against_any_rule_never_raises(spark, tmp_path_factory, lines)
                                                  time_field="ts"))
     assert isinstance(summary, dict)
 
-    threshold, keyed = _live_rows(spark, lines, work / "defs", work)
+    threshold, keyed = _live_rows(spark, lines, work)
     assert all(r["rule_id"] is not None if r["kind"] == "detection" else r["kind"] == "dead" and r["reason"]
                for r in threshold)
     failed = [r.asDict() for r in keyed if r["kind"] == "dead" and str(r["reason"]).startswith("rule evaluation")]

@@ -2,13 +2,14 @@
 streaming query on real Spark: every kind of outcome over random key rows, its state
 store going back down as keys come and go, and its number arithmetic and text.
 
-The input is one file per micro-batch (maxFilesPerTrigger 1), rows as compiled.key_rows
-makes them (one per (event, key group), `m` naming the slots the event enters), from a
-seeded generator:
+The input is one file per micro-batch (maxFilesPerTrigger 1), rows as the rule-set
+evaluator makes them (keyed_input.py: one per (event, key group), `mem` holding the rule
+rows the event enters, each by its index in the published version), from a seeded
+generator:
 every velocity aggregation and emit mode, a processing-time rule, a routed velocity
 rule, correlation rules of every resolution and metric (also on routed primaries),
 equal timestamps, fractional, huge and tiny values, late rows, rows without a usable
-timestamp (with and without the `a<i>` issue), rules sharing a key group, two groups.
+timestamp (with and without the `far` issue), rules sharing a key group, two groups.
 """
 
 from __future__ import annotations
@@ -18,16 +19,18 @@ import math
 import random
 from collections import Counter
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 from detect_harness import job_state_store
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from spark_jobs.rules.model import parse_rule
 from spark_jobs.streaming.jvm_operator import keyed_operator
-from spark_jobs.streaming.keyed_rows import OUTPUT_SCHEMA, Slot
-from spark_jobs.streaming.rules_source import write_rule_def
+from spark_jobs.streaming.keyed_rows import OUTPUT_SCHEMA
+from spark_jobs.streaming.registry import ROUTED_TOPIC
+from spark_jobs.streaming.rule_versions import current, publish
+from spark_jobs.streaming.rules_source import rows_of
 
 pytestmark = pytest.mark.spark
 
@@ -78,30 +81,34 @@ CORRELATION = [
 ]
 
 
-def _ref(defs: Path, rule: dict) -> str:
-    """The rule's definition stored in `defs` as the job stores it; its reference."""
-    return write_rule_def(defs, json.dumps(parse_rule(rule).model_dump(mode="json"), sort_keys=True))
+class Slot(NamedTuple):
+    """A keyed rule row of the published version, by its index there."""
+
+    rule_id: str
+    role: str
+    event_time: bool
 
 
-def _slots(defs: Path) -> tuple[list[Slot], dict[str, list[int]], list[str]]:
-    """One slot per rule role, each with its own value columns (t<i>, a<i>, n<i>, j<i>);
-    the processing-time rule reads `proc_ms`. Returns the slots, per key group the
-    indexes of its slots, and each slot's rule id."""
-    slots: list[Slot] = []
+def _slots(versions: Path, rules: list[dict]) -> list[Slot]:
+    """`rules` published as the current version in `versions`, as the job publishes
+    them; its keyed rule rows (one per role a rule plays) in their order."""
+    publish(versions, rows_of({d["rule_id"]: d for d in rules}, ROUTED_TOPIC))
+    spec = json.loads((versions / "specs" / f"{current(versions)}.json").read_text())
+    return [Slot(k["rule"]["rule_id"], k["role"], k["event_time"]) for k in spec["keyed"]]
+
+
+def _groups(slots: list[Slot]) -> dict[str, list[int]]:
+    """Per key group the indexes of its slots: velocity rules by user, correlation by pair."""
+    velocity = {d["rule_id"] for d in VELOCITY}
     groups: dict[str, list[int]] = {"user": [], "pair": []}
-    ids: list[str] = []
-    for d in VELOCITY + CORRELATION:
-        ref = _ref(defs, d)
-        roles = ["source"] if d["rule_type"] == "velocity" else [
-            "routed" if d.get("velocity_filter_rule_id") else "source", "context"]
-        for role in roles:
-            i = len(slots)
-            event_time = d.get("time_mode") != "processing_time"
-            ts_col, far_col = (f"t{i}", f"a{i}") if event_time else ("proc_ms", None)
-            slots.append(Slot(ref, role, event_time, ts_col, far_col, f"n{i}", f"j{i}"))
-            groups["user" if d["rule_type"] == "velocity" else "pair"].append(i)
-            ids.append(d["rule_id"])
-    return slots, groups, ids
+    for i, s in enumerate(slots):
+        groups["user" if s.rule_id in velocity else "pair"].append(i)
+    return groups
+
+
+FAR = "event time more than 5000 ms ahead of the record's broker timestamp"
+MEMBERS = "array<struct<i:int,ts:bigint,far:string,num:double,jv:string>>"
+SCHEMA = f"gid string, k string, mem {MEMBERS}, topic string, seq long, raw string, proc_ms long, wm long"
 
 
 VALUES = [5.0, 20.0, 40.0, 65.0, 70.0, 0.1, 0.2, 1 / 3, 1e16, -1e16, 1.0, 1e-300, 5e-324, 2.5e300, -7.25]
@@ -109,10 +116,10 @@ RATES = [1.0, 1.01, 1.05, 1.1, 0.97, 0.1, 1 / 3]
 TEXTS = ['"m0"', '"m1"', '"m2"', "3", "null", '"high"', '"1.2"', "1.07", "true", "false", '" 1e0 "']
 
 
-def _batches(rnd: random.Random, slots: list[Slot], groups: dict[str, list[int]], ids: list[str],
-             n: int) -> list[list[dict]]:
+def _batches(rnd: random.Random, slots: list[Slot], n: int) -> list[list[dict]]:
     """Input rows per micro-batch: bursts, gaps longer than a window (expiry), equal and
     out-of-order times, late rows (times far behind), rows without a usable time."""
+    groups = _groups(slots)
     out, now, seq = [], BASE, 0
     users, pairs = [f'"u{i}"' for i in range(6)], ['"EURUSD"', '"GBPUSD"']
     for _ in range(n):
@@ -130,47 +137,49 @@ def _batches(rnd: random.Random, slots: list[Slot], groups: dict[str, list[int]]
                 row["topic"] = "ctx" if context else rnd.choice(["t", "detect.routed"])
                 members = [i for i in members if (slots[i].role == "context") == context]
             chosen = [i for i in members if rnd.random() < 0.6] or [rnd.choice(members)]
-            row["m"] = ",".join(map(str, chosen))
             missing = rnd.random() < 0.03
             issue = rnd.random() < 0.02
             wm = []
+            row["mem"] = []
             for i in chosen:
-                s = slots[i]
-                if s.event_time:
-                    row[s.ts_col] = None if missing else ts
-                    row[s.far_col] = "event time more than 5000 ms ahead of the record's broker timestamp" \
-                        if issue else None
+                member = {"i": i, "ts": row["proc_ms"], "far": None,
+                          "num": rnd.choice(RATES if gid == "pair" and rnd.random() < 0.9 else VALUES),
+                          "jv": rnd.choice(TEXTS)}
+                if slots[i].event_time:
+                    member.update(ts=None if missing else ts, far=FAR if issue else None)
                     if not missing and not issue:
                         wm.append(ts)
-                row[s.num_col] = rnd.choice(RATES if gid == "pair" and rnd.random() < 0.9 else VALUES)
-                row[s.jv_col] = rnd.choice(TEXTS)
+                row["mem"].append(member)
             row["wm"] = max(wm) if wm else None
             rows.append(row)
         out.append(rows)
-    out.append(_overflowing(slots, ids, now + 60_000, seq))
+    out.append(_overflowing(slots, now + 60_000, seq))
     return out
 
 
-def _overflowing(slots: list[Slot], ids: list[str], ts: int, seq: int) -> list[dict]:
+def _overflowing(slots: list[Slot], ts: int, seq: int) -> list[dict]:
     """A batch whose mean_std context overflows `(x - mean) ** 2` (2.5e300): the key's rows
     of that rule become "rule evaluation failed" dead letters, the other rules go on."""
-    ctx = next(i for i, s in enumerate(slots) if ids[i] == "c_z" and s.role == "context")
-    src = next(i for i, s in enumerate(slots) if ids[i] == "c_z" and s.role == "source")
+    ctx = next(i for i, s in enumerate(slots) if s.rule_id == "c_z" and s.role == "context")
+    src = next(i for i, s in enumerate(slots) if s.rule_id == "c_z" and s.role == "source")
     rows = []
     for n, (slot, num, topic) in enumerate([(ctx, 2.5e300, "ctx"), (ctx, 1.0, "ctx"), (src, 1.0, "t")]):
-        s = slots[slot]
-        rows.append({"gid": "pair", "k": '"EURUSD"', "m": str(slot), "topic": topic, "seq": seq + 1 + n,
-                     "raw": json.dumps({"seq": seq + 1 + n}), "proc_ms": ts, "wm": ts, s.ts_col: ts,
-                     s.far_col: None, s.num_col: num, s.jv_col: "1"})
+        rows.append({"gid": "pair", "k": '"EURUSD"', "topic": topic, "seq": seq + 1 + n,
+                     "raw": json.dumps({"seq": seq + 1 + n}), "proc_ms": ts, "wm": ts,
+                     "mem": [{"i": slot, "ts": ts, "far": None, "num": num, "jv": "1"}]})
     return rows
 
 
-def _schema(slots: list[Slot]) -> str:
-    cols = ["gid string", "k string", "m string", "topic string", "seq long", "raw string", "proc_ms long",
-            "wm long"]
-    for i in range(len(slots)):
-        cols += [f"t{i} long", f"a{i} string", f"n{i} double", f"j{i} string"]
-    return ", ".join(cols)
+def _write_batches(spark, batches: list[list[dict]], tmp_path: Path) -> Path:
+    """One parquet file per micro-batch, in order, in a folder the stream reads."""
+    src = tmp_path / "in"
+    src.mkdir()
+    names = [c.split()[0] for c in SCHEMA.split(", ")]
+    for b, rows in enumerate(batches):
+        df = spark.createDataFrame([{c: r.get(c) for c in names} for r in rows], SCHEMA)
+        df.coalesce(1).write.parquet(str(tmp_path / "stage" / str(b)))
+        next((tmp_path / "stage" / str(b)).glob("part-*.parquet")).rename(src / f"{b:04d}.parquet")
+    return src
 
 
 def test_jvm_operator_over_random_key_rows(spark, tmp_path: Path):
@@ -179,24 +188,16 @@ def test_jvm_operator_over_random_key_rows(spark, tmp_path: Path):
     usable time, and a key whose evaluation fails (dead letters, the batch goes on)."""
     from pyspark.sql import functions as F
 
-    slots, groups, ids = _slots(tmp_path / "defs")
+    versions = tmp_path / "versions"
+    slots = _slots(versions, VELOCITY + CORRELATION)
     rnd = random.Random("jvm-keyed-operator")
-    batches = _batches(rnd, slots, groups, ids, 40)
-    src = tmp_path / "in"
-    src.mkdir()
-    schema = _schema(slots)
-    names = [c.split()[0] for c in schema.split(", ")]
-    for b, rows in enumerate(batches):
-        df = spark.createDataFrame([{c: r.get(c) for c in names} for r in rows], schema)
-        df.coalesce(1).write.parquet(str(tmp_path / "stage" / str(b)))
-        part = next((tmp_path / "stage" / str(b)).glob("part-*.parquet"))
-        part.rename(src / f"{b:04d}.parquet")
+    src = _write_batches(spark, _batches(rnd, slots, 40), tmp_path)
 
-    keyed = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(str(src))
+    keyed = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(str(src))
     watermarked = keyed.withColumn("wm_ts", F.timestamp_millis(F.col("wm"))).withWatermark("wm_ts", "2000 milliseconds")
     stateful_in = watermarked.select(*[c for c in keyed.columns if c != "wm"],
                                      F.pmod(F.xxhash64("k"), F.lit(3)).cast("int").alias("bucket"))
-    jvm = keyed_operator(stateful_in, slots, str(tmp_path / "defs"))
+    jvm = keyed_operator(stateful_in, str(versions))
 
     got: dict[int, Counter] = {}
 
@@ -248,34 +249,27 @@ def test_jvm_operator_state_goes_back_down_when_short_lived_keys_come_and_go(spa
 
     rules = [_velocity("v_event", "count", 2, 5, watermark_delay=1),
              _velocity("v_proc", "count", 2, 5, time_mode="processing_time", timestamp_field=None)]
-    defs = tmp_path / "defs"
-    slots = []
-    for i, d in enumerate(rules):
-        event_time = d.get("time_mode") != "processing_time"
-        slots.append(Slot(_ref(defs, d), "source", event_time,
-                          f"t{i}" if event_time else "proc_ms", f"a{i}" if event_time else None, f"n{i}", f"j{i}"))
-    schema = _schema(slots)
-    names = [c.split()[0] for c in schema.split(", ")]
-    src = tmp_path / "in"
-    src.mkdir()
+    versions = tmp_path / "versions"
+    assert [s.rule_id for s in _slots(versions, rules)] == ["v_event", "v_proc"]
     per_batch, n_batches, seq = 100, 40, 0
+    batches = []
     for b in range(n_batches):
         rows = []
         for j in range(per_batch):
             ts = BASE + b * 10_000 + j
             for _ in range(2):
                 seq += 1
-                rows.append({"gid": "user", "k": f'"b{b}_{j}"', "m": "0,1", "topic": "t", "seq": seq,
-                             "raw": json.dumps({"seq": seq}), "proc_ms": ts, "wm": ts, "t0": ts})
-        df = spark.createDataFrame([{c: r.get(c) for c in names} for r in rows], schema)
-        df.coalesce(1).write.parquet(str(tmp_path / "stage" / str(b)))
-        next((tmp_path / "stage" / str(b)).glob("part-*.parquet")).rename(src / f"{b:04d}.parquet")
+                rows.append({"gid": "user", "k": f'"b{b}_{j}"', "topic": "t", "seq": seq,
+                             "raw": json.dumps({"seq": seq}), "proc_ms": ts, "wm": ts,
+                             "mem": [{"i": 0, "ts": ts}, {"i": 1, "ts": ts}]})
+        batches.append(rows)
+    src = _write_batches(spark, batches, tmp_path)
 
-    keyed = spark.readStream.schema(schema).option("maxFilesPerTrigger", 1).parquet(str(src))
+    keyed = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(str(src))
     watermarked = keyed.withColumn("wm_ts", F.timestamp_millis(F.col("wm"))).withWatermark("wm_ts", "1000 milliseconds")
     stateful_in = watermarked.select(*[c for c in keyed.columns if c != "wm"],
                                      F.pmod(F.xxhash64("k"), F.lit(3)).cast("int").alias("bucket"))
-    progress = _run_availably(spark, keyed_operator(stateful_in, slots, str(defs)), tmp_path)
+    progress = _run_availably(spark, keyed_operator(stateful_in, str(versions)), tmp_path)
 
     sizes = [p["stateOperators"][0]["numRowsTotal"] for p in progress if p["stateOperators"]]
     one_batch = per_batch * len(rules)  # sub-states a batch's keys leave behind

@@ -20,10 +20,9 @@ from detect_harness import job_state_store, produce
 from spark_jobs.kafka.admin import create_topics
 from spark_jobs.kafka.spark_io import write_stream
 from spark_jobs.rules.model import parse_rule
-from spark_jobs.streaming.compiled import rows_of
 from spark_jobs.streaming.job import DetectConfig, build
 from spark_jobs.streaming.registry import ROUTED_TOPIC
-from spark_jobs.streaming.rules_source import RULE_DEFS
+from spark_jobs.streaming.rules_source import rows_of
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 
@@ -49,7 +48,7 @@ def test_micro_batches_reuse_the_plans_compiled_code(spark, kafka_broker, tmp_pa
     rules = {r["rule_id"]: parse_rule(r).model_dump(mode="json") for r in RULES}
     cfg = DetectConfig(bootstrap=kafka_broker.bootstrap, checkpoint=tmp_path / "cp", sink_topic="cg.out",
                        dead_letter_topic="cg.dead")
-    rows = rows_of(rules, ROUTED_TOPIC, cfg.state_dir / RULE_DEFS)
+    rows = rows_of(rules, ROUTED_TOPIC)
     create_topics(kafka_broker.bootstrap, ["cg.out", "cg.dead"])
     produce(kafka_broker.bootstrap, "cg.events", _events(0))
     plan = build(spark, cfg, 0.0, ["cg.events"], rows, buckets=2)

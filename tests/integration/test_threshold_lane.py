@@ -87,7 +87,7 @@ def test_threshold_rules_run_in_the_real_time_lane_and_change_without_a_restart(
     status = job.status()
     assert status["threshold_lane"]["run_id"] == first["threshold_lane"]["run_id"]
     assert status["threshold_lane"]["failures"] == 0
-    assert status["run_id"] == first["run_id"] and status["rule_reloads"] == first["rule_reloads"]
+    assert status["run_id"] == first["run_id"]
     # The lane dead-letters the record that is no event, once (the keyed query not again),
     # and counts the value its rule could not read in the job's status.
     dead = detections(bs, "events.deadletter")

@@ -1,7 +1,5 @@
 package ruleplatform.keyed;
 
-import com.fasterxml.jackson.databind.JsonNode;
-import com.fasterxml.jackson.databind.ObjectMapper;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.HashMap;
@@ -19,13 +17,18 @@ import org.apache.spark.sql.streaming.TTLConfig;
 import org.apache.spark.sql.streaming.TimeMode;
 import org.apache.spark.sql.streaming.TimerValues;
 import org.apache.spark.sql.streaming.ValueState;
+import ruleplatform.rules.KeyedRules;
+import ruleplatform.rules.RuleSet;
 import scala.Tuple2;
 import scala.jdk.javaapi.CollectionConverters;
 
 /**
  * The live job's keyed operator (spark_jobs/streaming/jvm_operator.py): input rows one
- * per (event, key group), `m` naming the slots the event enters, grouped by (gid,
- * bucket); output OUTPUT_SCHEMA rows (detection | routed | dead). The semantics are those
+ * per (event, key group), `mem` holding the rule rows the event enters (each named by
+ * its index in the micro-batch's rule-set version, with its time, number and JSON
+ * text: ruleplatform.rules.KeyedRules), grouped by (gid, bucket); output OUTPUT_SCHEMA
+ * rows (detection | routed | dead). The rules are read from the batch's version, not
+ * held by the operator: a rule change needs no new plan. The semantics are those
  * of docs/rule-language.md; the backtest (spark_jobs/backtest) must give the same detections.
  *
  * State: one MapState entry per (key, rule) (`key NUL rule_id` -> SubState bytes), so a
@@ -47,15 +50,16 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
     /** The position of ts_ms in KeyedOperator.OUTPUT_SCHEMA (and in a pass row's columns). */
     private static final int TS_MS = KeyedOperator.OUTPUT_SCHEMA.fieldIndex("ts_ms");
 
-    private final String specJson;
+    private final String versionsDir;
     private final String[] columns;
     private final boolean chained;
     private final boolean passes;
     private final boolean java8Time;
 
+    private transient RuleSet slotsOf;
     private transient Slot[] slots;
     private transient int kCol;
-    private transient int mCol;
+    private transient int memCol;
     private transient int topicCol;
     private transient int seqCol;
     private transient int rawCol;
@@ -63,9 +67,9 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
     private transient MapState<String, byte[]> subs;
     private transient ValueState<Long> timer;
 
-    /** specJson: jvm_operator.operator_spec; columns: the input's column names. */
-    public DetectionProcessor(String specJson, String[] columns) {
-        this(specJson, columns, false, false, false);
+    /** versionsDir: the job's rule-set versions (rule_versions.py); columns: the input's column names. */
+    public DetectionProcessor(String versionsDir, String[] columns) {
+        this(versionsDir, columns, false, false, false);
     }
 
     /**
@@ -74,8 +78,8 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
      * (what Spark's row encoder expects under spark.sql.datetime.java8API.enabled);
      * passes: the PASS_GID groups' rows are handed on as they came (stamped when chained).
      */
-    public DetectionProcessor(String specJson, String[] columns, boolean chained, boolean passes, boolean java8Time) {
-        this.specJson = specJson;
+    public DetectionProcessor(String versionsDir, String[] columns, boolean chained, boolean passes, boolean java8Time) {
+        this.versionsDir = versionsDir;
         this.columns = columns.clone();
         this.chained = chained;
         this.passes = passes;
@@ -84,37 +88,46 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
 
     @Override
     public void init(OutputMode outputMode, TimeMode timeMode) {
-        try {
-            JsonNode spec = new ObjectMapper().readTree(specJson);
-            List<String> cols = Arrays.asList(columns);
-            List<Slot> out = new ArrayList<>();
-            Map<String, RuleSpec> rules = new HashMap<>();
-            for (JsonNode s : spec.get("slots")) {
-                JsonNode r = s.get("rule");
-                RuleSpec rule = rules.computeIfAbsent(r.toString(), x -> new RuleSpec(r));
-                out.add(new Slot(s, rule, cols));
-            }
-            slots = out.toArray(new Slot[0]);
-            kCol = cols.indexOf("k");
-            mCol = cols.indexOf("m");
-            topicCol = cols.indexOf("topic");
-            seqCol = cols.indexOf("seq");
-            rawCol = cols.indexOf("raw");
-            if (passes) {
-                String[] names = KeyedOperator.OUTPUT_SCHEMA.fieldNames();
-                passCols = new int[names.length];
-                for (int i = 0; i < names.length; i++) {
-                    passCols[i] = cols.indexOf(names[i]);
-                    if (passCols[i] < 0) {
-                        throw new IllegalArgumentException("operator input with pass rows lacks column " + names[i]);
-                    }
+        List<String> cols = Arrays.asList(columns);
+        kCol = cols.indexOf("k");
+        memCol = cols.indexOf("mem");
+        topicCol = cols.indexOf("topic");
+        seqCol = cols.indexOf("seq");
+        rawCol = cols.indexOf("raw");
+        if (passes) {
+            String[] names = KeyedOperator.OUTPUT_SCHEMA.fieldNames();
+            passCols = new int[names.length];
+            for (int i = 0; i < names.length; i++) {
+                passCols[i] = cols.indexOf(names[i]);
+                if (passCols[i] < 0) {
+                    throw new IllegalArgumentException("operator input with pass rows lacks column " + names[i]);
                 }
             }
-        } catch (java.io.IOException e) {
-            throw new IllegalArgumentException("bad keyed operator spec", e);
         }
         subs = getHandle().getMapState("subs", Encoders.STRING(), Encoders.BINARY(), TTLConfig.NONE());
         timer = getHandle().getValueState("timer", Encoders.LONG(), TTLConfig.NONE());
+    }
+
+    /**
+     * The slots of the running micro-batch's rule-set version (the one its key rows were
+     * made with: both read the batch's record, ruleplatform.rules.BatchVersions), built
+     * once per version and task.
+     */
+    private Slot[] slots() {
+        RuleSet version = RuleSet.forTask(versionsDir);
+        if (version != slotsOf) {
+            KeyedRules keyed = version.keyed();
+            Slot[] out = new Slot[keyed.size()];
+            Map<String, RuleSpec> rules = new HashMap<>();
+            for (int i = 0; i < out.length; i++) {
+                KeyedRules.Row row = keyed.row(i);
+                RuleSpec rule = rules.computeIfAbsent(row.rule.toString(), x -> new RuleSpec(row.rule));
+                out[i] = new Slot(rule, row.role, row.eventTime);
+            }
+            slots = out;
+            slotsOf = version;
+        }
+        return slots;
     }
 
     /** A rule's rows of the batch by key, in arrival order. */
@@ -132,26 +145,29 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
     }
 
     private LinkedHashMap<String, RuleRows> rowsByRule(scala.collection.Iterator<Row> rows) {
+        Slot[] slots = slots();
         LinkedHashMap<String, RuleRows> byRule = new LinkedHashMap<>();
-        Map<String, RuleRows> seen = new HashMap<>();
+        RuleRows[] seen = new RuleRows[slots.length];
         while (rows.hasNext()) {
             Row r = rows.next();
-            String m = (String) get(r, mCol);
             String k = (String) get(r, kCol);
-            for (String idx : m.split(",", -1)) {
-                Slot slot = slots[Integer.parseInt(idx)];
-                RuleRows entry = seen.get(idx);
+            Long seq = (Long) get(r, seqCol);
+            String topic = (String) get(r, topicCol);
+            String raw = (String) get(r, rawCol);
+            List<Row> members = r.getList(memCol);
+            for (Row m : members) {
+                int idx = m.getInt(0);
+                Slot slot = slots[idx];
+                RuleRows entry = seen[idx];
                 if (entry == null) {
                     entry = byRule.computeIfAbsent(slot.rule.ruleId, x -> new RuleRows(slot.rule));
-                    seen.put(idx, entry);
+                    seen[idx] = entry;
                 }
-                Long ts = (Long) get(r, slot.tsCol);
-                String issue = (String) get(r, slot.farCol);
-                if (issue != null) {
-                    ts = null;
-                }
-                Ev ev = new Ev(slot.role, slot.eventTime, ts, (Long) get(r, seqCol), (String) get(r, topicCol),
-                        (String) get(r, rawCol), (Double) get(r, slot.numCol), (String) get(r, slot.jvCol), issue);
+                String issue = m.isNullAt(2) ? null : m.getString(2);
+                Long ts = issue != null || m.isNullAt(1) ? null : m.getLong(1);
+                Double num = m.isNullAt(3) ? null : m.getDouble(3);
+                String jv = m.isNullAt(4) ? null : m.getString(4);
+                Ev ev = new Ev(slot.role, slot.eventTime, ts, seq, topic, raw, num, jv, issue);
                 entry.byKey.computeIfAbsent(k, x -> new ArrayList<>()).add(ev);
             }
         }

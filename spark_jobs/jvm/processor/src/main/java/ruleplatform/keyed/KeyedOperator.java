@@ -46,12 +46,13 @@ public final class KeyedOperator {
     }
 
     /**
-     * The operator over `in` (compiled.key_rows plus `bucket`, with the job's watermark):
-     * grouped by (gid, bucket), evaluated by {@link DetectionProcessor} with the rules of
-     * `specJson` (jvm_operator.operator_spec), in event-time mode and Append output.
+     * The operator over `in` (keyed_input.py's key rows plus `bucket`, with the job's
+     * watermark): grouped by (gid, bucket), evaluated by {@link DetectionProcessor} with
+     * the rules of each micro-batch's rule-set version in `versionsDir`
+     * (rule_versions.py), in event-time mode and Append output.
      */
-    public static Dataset<Row> apply(Dataset<Row> in, String specJson) {
-        return grouped(in).transformWithState(new DetectionProcessor(specJson, in.schema().fieldNames()),
+    public static Dataset<Row> apply(Dataset<Row> in, String versionsDir) {
+        return grouped(in).transformWithState(new DetectionProcessor(versionsDir, in.schema().fieldNames()),
                 TimeMode.EventTime(), OutputMode.Append(), Encoders.row(OUTPUT_SCHEMA));
     }
 
@@ -61,21 +62,21 @@ public final class KeyedOperator {
      * can follow it; its PASS_GID groups (the events' threshold matches, dead letters and
      * context records, OUTPUT_SCHEMA's columns among `in`'s) are handed on, stamped.
      */
-    public static Dataset<Row> first(Dataset<Row> in, String specJson) {
+    public static Dataset<Row> first(Dataset<Row> in, String versionsDir) {
         boolean java8 = Boolean.parseBoolean(in.sparkSession().conf().get("spark.sql.datetime.java8API.enabled", "false"));
         return grouped(in).transformWithState(
-                new DetectionProcessor(specJson, in.schema().fieldNames(), true, true, java8), "et",
+                new DetectionProcessor(versionsDir, in.schema().fieldNames(), true, true, java8), "et",
                 OutputMode.Append(), Encoders.row(CHAINED_SCHEMA));
     }
 
     /**
-     * The second operator of the chain: the rules of `specJson` on the key rows of `in`,
+     * The second operator of the chain: the batch's rules on the key rows of `in`,
      * whose PASS_GID groups (the first operator's other output, OUTPUT_SCHEMA's columns
      * among `in`'s) are handed on as they came.
      */
-    public static Dataset<Row> second(Dataset<Row> in, String specJson) {
+    public static Dataset<Row> second(Dataset<Row> in, String versionsDir) {
         return grouped(in).transformWithState(
-                new DetectionProcessor(specJson, in.schema().fieldNames(), false, true, false),
+                new DetectionProcessor(versionsDir, in.schema().fieldNames(), false, true, false),
                 TimeMode.EventTime(), OutputMode.Append(), Encoders.row(OUTPUT_SCHEMA));
     }
 

@@ -100,6 +100,77 @@ public final class Evaluate {
         }
     }
 
+    /** One entered keyed rule row: its index in the version and what it reads of the event. */
+    static final DataType MEMBER = DataTypes.createStructType(new org.apache.spark.sql.types.StructField[] {
+        DataTypes.createStructField("i", DataTypes.IntegerType, false),
+        DataTypes.createStructField("ts", DataTypes.LongType, true),
+        DataTypes.createStructField("far", DataTypes.StringType, true),
+        DataTypes.createStructField("num", DataTypes.DoubleType, true),
+        DataTypes.createStructField("jv", DataTypes.StringType, true),
+    });
+
+    static final DataType GROUP = DataTypes.createStructType(new org.apache.spark.sql.types.StructField[] {
+        DataTypes.createStructField("gid", DataTypes.StringType, false),
+        // Nullable, as the plan's own groups of carried rows (keyed_input.py) have none.
+        DataTypes.createStructField("k", DataTypes.StringType, true),
+        DataTypes.createStructField("wm", DataTypes.LongType, true),
+        DataTypes.createStructField("mem", DataTypes.createArrayType(MEMBER, false), true),
+    });
+
+    static final DataType KEYED = DataTypes.createStructType(new org.apache.spark.sql.types.StructField[] {
+        DataTypes.createStructField("g", DataTypes.createArrayType(GROUP, true), false),
+        DataTypes.createStructField("u", DataTypes.createArrayType(DataTypes.StringType, false), false),
+        DataTypes.createStructField("ctx", DataTypes.BooleanType, false),
+    });
+
+    /** The keyed function's name in plans and the Spark UI. */
+    public static final String KEYED_NAME = "rule_set_keyed";
+
+    /**
+     * The live query's keyed rows of one event: struct(`g`: per key group it enters, its
+     * id, key, newest usable event time and entered rule rows (KeyedRules.Member), `u`:
+     * unreadable entries, `ctx`: context for the second operator), by the keyed rules of
+     * `stage` in the rule-set version of the running micro-batch (as `liveThresholds`).
+     */
+    public static Column liveKeyed(Column topic, Column routeFrom, Column v, Column procMs, String versionsDir,
+                                   String stage, long maxAheadMs) {
+        UserDefinedFunction udf = functions.udf(new LiveKeyed(versionsDir, stage, maxAheadMs), KEYED).asNonNullable()
+            .withName(KEYED_NAME);
+        return udf.apply(topic, routeFrom, v, procMs);
+    }
+
+    static final class LiveKeyed implements org.apache.spark.sql.api.java.UDF4<String, String, VariantVal, Long, Row> {
+        private final String dir;
+        private final String stage;
+        private final long maxAheadMs;
+        private transient RuleSet rules;
+
+        LiveKeyed(String dir, String stage, long maxAheadMs) {
+            this.dir = dir;
+            this.stage = stage;
+            this.maxAheadMs = maxAheadMs;
+        }
+
+        @Override
+        public Row call(String topic, String routeFrom, VariantVal v, Long procMs) {
+            if (rules == null) {
+                rules = BatchVersions.forTask(dir);
+            }
+            KeyedRules.Judged j = rules.keyed().judge(stage, topic, routeFrom, v, procMs, maxAheadMs);
+            Row[] groups = new Row[j.groups.size()];
+            for (int i = 0; i < groups.length; i++) {
+                KeyedRules.Group g = j.groups.get(i);
+                Row[] members = new Row[g.members.size()];
+                for (int k = 0; k < members.length; k++) {
+                    KeyedRules.Member m = g.members.get(k);
+                    members[k] = RowFactory.create(m.index, m.ts, m.far, m.num, m.json);
+                }
+                groups[i] = RowFactory.create(g.gid, g.key, g.wm, members);
+            }
+            return RowFactory.create(groups, j.unreadable.toArray(new String[0]), j.context);
+        }
+    }
+
     static final class Thresholds implements UDF2<String, VariantVal, Row> {
         private final String spec;
         private transient RuleSet rules;

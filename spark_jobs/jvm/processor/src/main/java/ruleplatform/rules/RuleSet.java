@@ -59,6 +59,19 @@ public final class RuleSet {
             byValue.get(slot).computeIfAbsent(eq.str, k -> new ArrayList<>()).add(r);
         }
 
+        /** The rules `e` could pass: the always-tested ones and those its indexed values select. */
+        List<Rule> candidates(Event e) {
+            List<Rule> tested = new ArrayList<>(always);
+            for (int i = 0; i < indexedPaths.size(); i++) {
+                String s = e.value(indexedPaths.get(i)).string();
+                List<Rule> hits = s == null ? null : byValue.get(i).get(s);
+                if (hits != null) {
+                    tested.addAll(hits);
+                }
+            }
+            return tested;
+        }
+
         private int slotOf(String[] path) {
             for (int i = 0; i < indexedPaths.size(); i++) {
                 if (java.util.Arrays.equals(indexedPaths.get(i), path)) {
@@ -75,9 +88,22 @@ public final class RuleSet {
     /** Per rule, in the spec's order: its id, version and name (NULL when it has none). */
     private final String[][] identities;
 
-    private RuleSet(Map<String, Topic> topics, String[][] identities) {
+    private final KeyedRules keyed;
+
+    private RuleSet(Map<String, Topic> topics, String[][] identities, KeyedRules keyed) {
         this.topics = topics;
         this.identities = identities;
+        this.keyed = keyed;
+    }
+
+    /** The version's keyed rules (velocity and correlation). */
+    public KeyedRules keyed() {
+        return keyed;
+    }
+
+    /** The rule set that judges the running task's events (BatchVersions): the keyed operators' way to it. */
+    public static RuleSet forTask(String versionsDir) {
+        return BatchVersions.forTask(versionsDir);
     }
 
     /** Rule `index`'s {id, version, name}: what a live detection names it by. */
@@ -86,8 +112,8 @@ public final class RuleSet {
     }
 
     /**
-     * `{"threshold": [{"id", "version", "name", "topic", "conditions": [cond spec, ..]}, ..]}`
-     * (spark_jobs/engine/rule_set.py).
+     * `{"threshold": [{"id", "version", "name", "topic", "conditions": [cond spec, ..]}, ..],
+     * "keyed": [keyed row, ..]}` (spark_jobs/engine/rule_set.py; KeyedRules).
      */
     public static RuleSet compile(String specJson) {
         JsonNode spec;
@@ -112,7 +138,7 @@ public final class RuleSet {
             topics.computeIfAbsent(r.get("topic").asText(), t -> new Topic())
                 .add(new Rule(i, r.get("id").asText(), conditions));
         }
-        return new RuleSet(topics, identities);
+        return new RuleSet(topics, identities, new KeyedRules(spec.path("keyed")));
     }
 
     /** What the threshold rules made of one event. */
@@ -145,15 +171,7 @@ public final class RuleSet {
         Event e = new Event(new Variant(v.getValue(), v.getMetadata()));
         List<Rule> hits = new ArrayList<>();
         List<String> unread = null;
-        List<Rule> tested = new ArrayList<>(t.always);
-        for (int i = 0; i < t.indexedPaths.size(); i++) {
-            String s = e.value(t.indexedPaths.get(i)).string();
-            List<Rule> candidates = s == null ? null : t.byValue.get(i).get(s);
-            if (candidates != null) {
-                tested.addAll(candidates);
-            }
-        }
-        for (Rule r : tested) {
+        for (Rule r : t.candidates(e)) {
             if (e.passes(r)) {
                 hits.add(r);
                 continue;

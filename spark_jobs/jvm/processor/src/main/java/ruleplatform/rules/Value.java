@@ -91,6 +91,39 @@ public final class Value {
         return num;
     }
 
+    /** engine/values.py EPOCH_MS_CUTOFF: epoch numbers above it are milliseconds, else seconds. */
+    static final double EPOCH_MS_CUTOFF = 1e11;
+    /** engine/values.py MIN_EVENT_MS and MAX_EVENT_MS: years 0001 to 9999. */
+    static final long MIN_EVENT_MS = -62_135_596_800_000L;
+    static final long MAX_EVENT_MS = 253_402_300_799_999L;
+
+    /**
+     * The value as an event time in epoch ms (docs/rule-language.md, "Timestamps"); null
+     * when it is none or out of range. Numbers (and numeric strings) are epoch ms above
+     * 1e11, else epoch seconds; other strings are ISO-8601 read by Spark's own string to
+     * timestamp cast, UTC when they carry no offset. Each step as engine/values.py
+     * `timestamp_of` takes it (the range tested on the double; micros to ms through a
+     * double), so both give the same time.
+     */
+    Long timeMs() {
+        Double d = number();
+        if (d != null) {
+            double ms = d > EPOCH_MS_CUTOFF ? d : d * 1000.0;
+            return ms >= MIN_EVENT_MS && ms <= MAX_EVENT_MS ? (long) Math.floor(ms) : null;
+        }
+        String s = string();
+        if (s == null) {
+            return null;
+        }
+        scala.Option<Object> micros = org.apache.spark.sql.catalyst.util.DateTimeUtils.stringToTimestamp(
+            org.apache.spark.unsafe.types.UTF8String.fromString(s), ZoneOffset.UTC);
+        if (micros.isEmpty()) {
+            return null;
+        }
+        long ms = (long) Math.floor((double) (Long) micros.get() / 1000.0);
+        return ms >= MIN_EVENT_MS && ms <= MAX_EVENT_MS ? ms : null;
+    }
+
     /** A string to double as Spark's cast does it (Java's parse); null when it is none. */
     private static Double parseDouble(String s) {
         try {

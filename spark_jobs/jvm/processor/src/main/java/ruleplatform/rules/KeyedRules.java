@@ -1,0 +1,235 @@
+package ruleplatform.rules;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import java.util.ArrayList;
+import java.util.HashMap;
+import java.util.HashSet;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.Set;
+import org.apache.spark.types.variant.Variant;
+import org.apache.spark.unsafe.types.VariantVal;
+
+/**
+ * The keyed rules of one rule-set version (velocity and correlation, one row per role a
+ * rule plays: spark_jobs/engine/rule_set.py `keyed_spec`), and what they make of an
+ * event: per key group (the rules grouping by one path) the key and the rule rows the
+ * event enters, with each row's time, number and JSON text. The keyed operators
+ * (ruleplatform.keyed.DetectionProcessor) read the rows by their index in this version,
+ * so neither the plan nor the operators hold a rule: a keyed rule change is a new
+ * version, as a threshold rule change is.
+ *
+ * What "enters" means is docs/rule-language.md's: the row's source (topic, and for a
+ * routed row the velocity rule it follows) and conditions pass, the value it aggregates
+ * is there (as a number where it needs one), the key is there, and a processing-time row
+ * has its broker time. An event-time row enters without a usable time; the operator
+ * dead-letters it with the reason (`far`, or a missing or unparseable time).
+ */
+public final class KeyedRules {
+    /** Which operator of the live chain judges a row: the first, or the second (correlation rules fed by a velocity rule). */
+    public static final String FIRST = "first";
+    public static final String SECOND = "second";
+
+    /** One keyed rule row. */
+    public static final class Row {
+        public final int index;
+        public final String stage;
+        public final String role;
+        public final boolean eventTime;
+        /** The rule as the operator reads it (jvm_operator.py `rule_spec`). */
+        public final JsonNode rule;
+        final String ruleId;
+        final Condition[] conditions;
+        final String gid;
+        final String[] key; // null: one global key ("")
+        final String[] ts; // null: processing time
+        final String[] val;
+        final String valText;
+        final String valNeed; // num | json | none
+        final boolean keepJson;
+
+        Row(int index, JsonNode n) {
+            this.index = index;
+            stage = n.get("stage").asText();
+            role = n.get("role").asText();
+            eventTime = n.get("event_time").asBoolean();
+            rule = n.get("rule");
+            ruleId = rule.get("rule_id").asText();
+            JsonNode cs = n.get("conditions");
+            conditions = new Condition[cs.size()];
+            for (int k = 0; k < conditions.length; k++) {
+                conditions[k] = Condition.of(cs.get(k));
+            }
+            gid = n.get("gid").asText();
+            key = path(n.get("key"));
+            ts = path(n.get("ts"));
+            val = path(n.get("val"));
+            valText = n.path("val_text").asText(null);
+            valNeed = n.get("val_need").asText();
+            keepJson = n.get("keep_json").asBoolean();
+        }
+
+        private static String[] path(JsonNode segs) {
+            if (segs == null || segs.isNull()) {
+                return null;
+            }
+            String[] out = new String[segs.size()];
+            for (int i = 0; i < out.length; i++) {
+                out[i] = segs.get(i).asText();
+            }
+            return out;
+        }
+    }
+
+    /** An entered row: the row's index in the version, and what it reads of the event. */
+    public static final class Member {
+        public final int index;
+        public final Long ts;
+        public final String far;
+        public final Double num;
+        public final String json;
+
+        Member(int index, Long ts, String far, Double num, String json) {
+            this.index = index;
+            this.ts = ts;
+            this.far = far;
+            this.num = num;
+            this.json = json;
+        }
+    }
+
+    /** One key group the event enters: its id (the key's path), the key's JSON text, the newest usable event time of its event-time rows. */
+    public static final class Group {
+        public final String gid;
+        public final String key;
+        public final Long wm;
+        public final List<Member> members;
+
+        Group(String gid, String key, Long wm, List<Member> members) {
+            this.gid = gid;
+            this.key = key;
+            this.wm = wm;
+            this.members = members;
+        }
+    }
+
+    /** What the keyed rules make of one event. */
+    public static final class Judged {
+        public final List<Group> groups;
+        /** `rule id` US `reason` per row that only a value it cannot read kept the event from (RuleSet.UNREAD_SEP). */
+        public final List<String> unreadable;
+        /** The event is context for a correlation rule of the second operator: the first hands it on. */
+        public final boolean context;
+
+        Judged(List<Group> groups, List<String> unreadable, boolean context) {
+            this.groups = groups;
+            this.unreadable = unreadable;
+            this.context = context;
+        }
+    }
+
+    private static final Judged NONE = new Judged(List.of(), List.of(), false);
+
+    private final Row[] rows;
+    /** Rows by stage NUL topic NUL route_from: indexed as the threshold rules are. */
+    private final Map<String, RuleSet.Topic> sources = new HashMap<>();
+    /** The topics whose events the second operator's correlation rules read as context. */
+    private final Set<String> contextTopics = new HashSet<>();
+
+    KeyedRules(JsonNode spec) {
+        rows = new Row[spec.size()];
+        for (int i = 0; i < rows.length; i++) {
+            Row r = new Row(i, spec.get(i));
+            rows[i] = r;
+            JsonNode from = spec.get(i).get("route_from");
+            String routeFrom = from == null || from.isNull() ? null : from.asText();
+            String topic = spec.get(i).get("topic").asText();
+            sources.computeIfAbsent(source(r.stage, topic, routeFrom), x -> new RuleSet.Topic())
+                .add(new RuleSet.Rule(i, r.ruleId, r.conditions));
+            if (SECOND.equals(r.stage) && "context".equals(r.role) && routeFrom == null) {
+                contextTopics.add(topic);
+            }
+        }
+    }
+
+    private static String source(String stage, String topic, String routeFrom) {
+        return stage + '\u0000' + topic + '\u0000' + (routeFrom == null ? "" : routeFrom);
+    }
+
+    public int size() {
+        return rows.length;
+    }
+
+    public Row row(int index) {
+        return rows[index];
+    }
+
+    /**
+     * The rows of `stage` whose source is (`topic`, `routeFrom`) judged on event `v`
+     * (`procMs`: its broker time; an event time more than `maxAheadMs` after it is
+     * unusable).
+     */
+    public Judged judge(String stage, String topic, String routeFrom, VariantVal v, Long procMs, long maxAheadMs) {
+        if (v == null || topic == null) {
+            return NONE;
+        }
+        boolean context = FIRST.equals(stage) && contextTopics.contains(topic);
+        RuleSet.Topic t = sources.get(source(stage, topic, routeFrom));
+        if (t == null) {
+            return context ? new Judged(List.of(), List.of(), true) : NONE;
+        }
+        RuleSet.Event e = new RuleSet.Event(new Variant(v.getValue(), v.getMetadata()));
+        List<RuleSet.Rule> tested = t.candidates(e);
+        tested.sort((a, b) -> Integer.compare(a.index, b.index)); // the spec's order, as members and reasons go
+        List<String> blockedBy = new ArrayList<>();
+        List<String> notNumber = new ArrayList<>();
+        Map<String, List<Member>> byGroup = new LinkedHashMap<>();
+        Map<String, Long> newest = new HashMap<>();
+        for (RuleSet.Rule candidate : tested) {
+            Row r = rows[candidate.index];
+            if (!e.passes(r.conditions)) {
+                String path = e.blockedBy(r.conditions);
+                if (path != null) {
+                    blockedBy.add(r.ruleId + RuleSet.UNREAD_SEP + "value at " + path + " is not a number");
+                }
+                continue;
+            }
+            Value x = r.val == null ? Value.MISSING : e.value(r.val);
+            Double num = r.val == null ? null : x.number();
+            if ("num".equals(r.valNeed) && r.val != null && x.present() && num == null) {
+                notNumber.add(r.ruleId + RuleSet.UNREAD_SEP + "value at " + r.valText + " is not a number");
+            }
+            boolean valueThere = "num".equals(r.valNeed) ? r.val == null || num != null
+                : !"json".equals(r.valNeed) || r.val == null || x.present();
+            Long ts;
+            String far = null;
+            if (r.eventTime) {
+                ts = r.ts == null ? null : e.value(r.ts).timeMs();
+                if (ts != null && procMs != null && ts > procMs + maxAheadMs) {
+                    far = "event time more than " + maxAheadMs + " ms ahead of the record's broker timestamp";
+                }
+            } else {
+                ts = procMs;
+            }
+            if (!valueThere || (!r.eventTime && ts == null)) {
+                continue;
+            }
+            byGroup.computeIfAbsent(r.gid, g -> new ArrayList<>())
+                .add(new Member(r.index, ts, far, num, r.keepJson && r.val != null ? x.json() : null));
+            if (r.eventTime && ts != null && far == null) {
+                newest.merge(r.gid, ts, Math::max);
+            }
+        }
+        List<Group> groups = new ArrayList<>(byGroup.size());
+        for (Map.Entry<String, List<Member>> g : byGroup.entrySet()) {
+            Row first = rows[g.getValue().get(0).index];
+            String key = first.key == null ? "" : e.value(first.key).json();
+            if (key != null) {
+                groups.add(new Group(g.getKey(), key, newest.get(g.getKey()), g.getValue()));
+            }
+        }
+        blockedBy.addAll(notNumber);
+        return new Judged(groups, blockedBy, context);
+    }
+}
