@@ -670,10 +670,12 @@ def _start_query(spark: SparkSession, cfg: DetectConfig, delay: float, topics: l
     """Start the query with the registry's current snapshot as its first rule-set version."""
     text = read_snapshot(cfg.state_dir / "rules.json")
     rows = rows_of(json.loads(text), ROUTED_TOPIC)
-    # One scan task per core: each task of the scan stage generates the code of the wide
-    # projections again, so more tasks than cores only add that work (bench_detect.py,
-    # docs/benchmarks.md).
-    plan = build(spark, cfg, delay, topics, rows, key_buckets(cfg), min_partitions=_cores(spark),
+    # One scan task per free slot: each task of a stage pays its fixed cost (its plan
+    # deserialized, its code generated), so more tasks than slots only add that work
+    # (bench_detect.py, docs/benchmarks.md). The real-time lane holds a slot per source
+    # partition the whole time (`_master`).
+    free = _cores(spark) - (_source_partitions(cfg, topics) if cfg.real_time else 0)
+    plan = build(spark, cfg, delay, topics, rows, key_buckets(cfg), min_partitions=max(1, free),
                  quarantined=quarantine.active_ranges())
     query = (
         write_stream(plan, cfg.bootstrap, role=ROLE)
@@ -693,10 +695,14 @@ def _master(cfg: DetectConfig, topics: list[str]) -> str | None:
     master = cfg.master or os.environ.get("SPARK_MASTER")
     if master or not cfg.real_time:
         return master
+    return f"local[{max(2, os.cpu_count() or 2) + _source_partitions(cfg, topics)}]"
+
+
+def _source_partitions(cfg: DetectConfig, topics: list[str]) -> int:
+    """The partitions of the source topics: the real-time lane's tasks."""
     known = admin.list_topics(cfg.bootstrap, role=ROLE)
     # A topic not created yet gets its first partition when it is: count it.
-    partitions = sum(max(1, len(known.get(t, []))) for t in topics)
-    return f"local[{max(2, os.cpu_count() or 2) + partitions}]"
+    return sum(max(1, len(known.get(t, []))) for t in topics)
 
 
 def _last_batch(query: StreamingQuery) -> int:

@@ -227,6 +227,68 @@ def test_jvm_operator_over_random_key_rows(spark, tmp_path: Path):
     assert len(got) > 10  # several micro-batches, state and watermark carried over
 
 
+def test_sums_and_averages_over_batches_are_exact(spark, tmp_path: Path):
+    """A sum or avg window keeps its exact sum with the key's state and goes on from it
+    when a batch's rows all come after the stored ones; rows older than the stored ones
+    (out of order, within the window) make it sum afresh. Either way every value is the
+    definition's: the exact sum of the window's values, rounded once (math.fsum), over
+    the stored rows up to the row's time and the batch's rows up to the row itself."""
+    from pyspark.sql import functions as F
+
+    window_ms = 10_000
+    rules = [_velocity("s_sum", "sum", 10, -1e308, emit_mode="all_events", watermark_delay=60),
+             _velocity("s_avg", "avg", 10, -1e308, emit_mode="all_events", watermark_delay=60)]
+    versions = tmp_path / "versions"
+    assert [s.rule_id for s in _slots(versions, rules)] == ["s_sum", "s_avg"]
+    rnd = random.Random("exact-sums")
+    values = [0.1, 0.2, 0.3, 1e16, -1e16, 1.0, 3.5, -7.25, 1 / 3, 5e-324, 2.5e300, -2.5e300]
+    batches, seq, now = [], 0, BASE
+    for _ in range(25):
+        now += rnd.choice([300, 900, 2500, 12_000])
+        rows = []
+        for _ in range(rnd.randrange(1, 8)):
+            seq += 1
+            # Mostly at the batch's time; some behind the key's newest stored row.
+            ts = now - rnd.choice([0, 0, 0, 100, 1500, 6000])
+            x = rnd.choice(values)
+            rows.append({"gid": "user", "k": rnd.choice(['"a"', '"b"']), "topic": "t", "seq": seq,
+                         "raw": json.dumps({"seq": seq}), "proc_ms": now, "wm": ts,
+                         "mem": [{"i": 0, "ts": ts, "num": x}, {"i": 1, "ts": ts, "num": x}]})
+        batches.append(rows)
+    src = _write_batches(spark, batches, tmp_path)
+
+    expected: dict[tuple[str, int], float] = {}
+    stored: dict[str, list[tuple[int, float]]] = {}
+    for rows in batches:
+        for k in {r["k"] for r in rows}:
+            mine = sorted((r for r in rows if r["k"] == k), key=lambda r: (r["mem"][0]["ts"], r["seq"]))
+            for n, r in enumerate(mine):
+                t = r["mem"][0]["ts"]
+                window = [x for ts, x in stored.get(k, []) if t - window_ms < ts <= t]
+                window += [o["mem"][0]["num"] for o in mine[: n + 1] if o["mem"][0]["ts"] > t - window_ms]
+                expected[("s_sum", r["seq"])] = math.fsum(window)
+                expected[("s_avg", r["seq"])] = math.fsum(window) / len(window)
+            stored.setdefault(k, []).extend((r["mem"][0]["ts"], r["mem"][0]["num"]) for r in mine)
+
+    keyed = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(str(src))
+    watermarked = keyed.withColumn("wm_ts", F.timestamp_millis(F.col("wm"))).withWatermark("wm_ts", "60 seconds")
+    stateful_in = watermarked.select(*[c for c in keyed.columns if c != "wm"],
+                                     F.pmod(F.xxhash64("k"), F.lit(2)).cast("int").alias("bucket"))
+    got: dict[tuple[str, int], float] = {}
+
+    def collect(df, _: int) -> None:
+        for r in df.collect():
+            assert r["kind"] == "detection", r
+            got[(r["rule_id"], json.loads(r["raw"])["seq"])] = r["agg_value"]
+
+    with job_state_store(spark):
+        q = (keyed_operator(stateful_in, str(versions)).writeStream.foreachBatch(collect)
+             .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(availableNow=True).start())
+        q.awaitTermination(600)
+    assert q.exception() is None
+    assert got == expected
+
+
 def _run_availably(spark, stream, tmp_path: Path) -> list[dict]:
     """Run `stream` to a noop sink over all its input (one file a batch) with the job's
     state store; the query's progress per batch."""

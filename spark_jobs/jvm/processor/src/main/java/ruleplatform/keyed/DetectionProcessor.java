@@ -327,6 +327,7 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
             st.ts = new long[0];
             st.num = null;
             st.jv = null;
+            st.sum = null;
             st.context = new ArrayList<>();
             st.pending = new ArrayList<>();
             st.prevAbove = null;

@@ -27,6 +27,9 @@ final class SubState {
     long[] ts = new long[0];
     double[] num; // NaN: no value (sum, avg, min, max)
     String[] jv; // distinct_count
+    /** A sum or avg window's exact state over [sumFrom, end) of the window (Velocity.Saved); null: none kept. */
+    Velocity.Saved sum;
+    int sumFrom;
     // correlation
     List<Ev> context = new ArrayList<>();
     List<Ev> pending = new ArrayList<>();
@@ -63,6 +66,18 @@ final class SubState {
             }
             writeRows(o, context);
             writeRows(o, pending);
+            // Last, so the bytes before it are those of a state written without it.
+            o.writeBoolean(sum != null);
+            if (sum != null) {
+                o.writeInt(sumFrom);
+                o.writeInt(sum.sum.scale());
+                byte[] unscaled = sum.sum.unscaledValue().toByteArray();
+                o.writeInt(unscaled.length);
+                o.write(unscaled);
+                o.writeInt(sum.values);
+                o.writeInt(sum.posInf);
+                o.writeInt(sum.negInf);
+            }
             o.flush();
             return bytes.toByteArray();
         } catch (IOException e) {
@@ -98,6 +113,15 @@ final class SubState {
             }
             s.context = readRows(in);
             s.pending = readRows(in);
+            // A state written before the sum was kept ends here: its sum is computed afresh.
+            if (in.available() > 0 && in.readBoolean()) {
+                s.sumFrom = in.readInt();
+                int scale = in.readInt();
+                byte[] unscaled = new byte[in.readInt()];
+                in.readFully(unscaled);
+                s.sum = new Velocity.Saved(new java.math.BigDecimal(new java.math.BigInteger(unscaled), scale),
+                    in.readInt(), in.readInt(), in.readInt());
+            }
             return s;
         } catch (IOException e) {
             throw new UncheckedIOException(e);

@@ -17,7 +17,10 @@ import java.util.Map;
  * equal time), each row's window is one
  * contiguous range ending at the row itself, and both ends only move forward: the
  * aggregates slide (exact BigDecimal sum, monotonic deques for min/max, value counts for
- * distinct_count) instead of being recomputed per row. The results are those of
+ * distinct_count) instead of being recomputed per row. A sum or avg window keeps its
+ * exact sum with the key's state ({@link SubState#sum}): a batch whose rows all come at
+ * or after the stored ones starts from it instead of adding the stored values again
+ * (one BigDecimal addition each, at every batch that touches the key). The results are those of
  * the aggregation's definition: count as a double, sum exact and
  * rounded once (ExactSum), avg = that sum / number of values, min/max/sum/avg skip events without
  * a value, distinct_count counts distinct JSON texts (null being one of them).
@@ -66,6 +69,12 @@ final class Velocity {
         long size = rule.windowMs;
         int lo = 0;
         int hi = 0; // next index to enter
+        if (st.sum != null && m > 0 && pos[0] == m) {
+            // In order: the stored window [sumFrom, m) is the last one judged; go on from it.
+            w.restore(st.sum);
+            lo = st.sumFrom;
+            hi = m;
+        }
         Crossing crossing = new Crossing(st.prevAbove, m > 0, m > 0 ? old[m - 1] : 0L);
         for (int i = 0; i < n; i++) {
             long t = ts[pos[i]];
@@ -86,6 +95,11 @@ final class Velocity {
         st.ts = ts;
         st.num = num;
         st.jv = jv;
+        // The window of the newest row, kept when it reaches the column's end (no stored row
+        // newer than the batch's last).
+        boolean sums = "sum".equals(kind) || "avg".equals(kind);
+        st.sum = sums && hi == ts.length ? w.saved() : null;
+        st.sumFrom = lo;
         return emits;
     }
 
@@ -108,6 +122,15 @@ final class Velocity {
         }
         if (i == 0) {
             return;
+        }
+        if (st.sum != null) {
+            // The kept window starts at or after the cut unless a stored row newer than the
+            // batch moved the horizon past it: then it is summed afresh next time.
+            if (st.sumFrom >= i) {
+                st.sumFrom -= i;
+            } else {
+                st.sum = null;
+            }
         }
         st.ts = java.util.Arrays.copyOfRange(st.ts, i, st.ts.length);
         if (st.num != null) {
@@ -145,6 +168,21 @@ final class Velocity {
             boolean fires = above && (allEvents || prev == null || !prev);
             prev = above;
             return fires;
+        }
+    }
+
+    /** A sum or avg window's exact state: the sum of its finite values, how many values, infinities. */
+    static final class Saved {
+        final BigDecimal sum;
+        final int values;
+        final int posInf;
+        final int negInf;
+
+        Saved(BigDecimal sum, int values, int posInf, int negInf) {
+            this.sum = sum;
+            this.values = values;
+            this.posInf = posInf;
+            this.negInf = negInf;
         }
     }
 
@@ -222,6 +260,18 @@ final class Velocity {
                 default:
                     add(num[i], -1);
             }
+        }
+
+        /** The exact sum's state (sum and avg): what {@link #restore} takes back. */
+        Saved saved() {
+            return new Saved(sum, values, posInf, negInf);
+        }
+
+        void restore(Saved s) {
+            sum = s.sum;
+            values = s.values;
+            posInf = s.posInf;
+            negInf = s.negInf;
         }
 
         private void add(double x, int sign) {
