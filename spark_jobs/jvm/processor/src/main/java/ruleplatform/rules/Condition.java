@@ -39,11 +39,7 @@ public final class Condition {
      * (spark_jobs/engine/conditions.py value_spec), so that is decided once, in Python.
      */
     static Condition of(JsonNode spec) {
-        JsonNode segs = spec.get("path");
-        String[] path = new String[segs.size()];
-        for (int i = 0; i < path.length; i++) {
-            path[i] = segs.get(i).asText();
-        }
+        String[] path = Value.path(spec.get("path"));
         Kind kind = Kind.valueOf(spec.get("kind").asText().toUpperCase(java.util.Locale.ROOT));
         return new Condition(path, spec.path("text").asText(""), spec.get("op").asText(), kind,
             kind == Kind.NUM ? spec.get("num").asDouble() : 0,

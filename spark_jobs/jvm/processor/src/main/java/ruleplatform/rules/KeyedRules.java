@@ -62,23 +62,12 @@ public final class KeyedRules {
                 conditions[k] = Condition.of(cs.get(k));
             }
             gid = n.get("gid").asText();
-            key = path(n.get("key"));
-            ts = path(n.get("ts"));
-            val = path(n.get("val"));
+            key = Value.path(n.get("key"));
+            ts = Value.path(n.get("ts"));
+            val = Value.path(n.get("val"));
             valText = n.path("val_text").asText(null);
             valNeed = n.get("val_need").asText();
             keepJson = n.get("keep_json").asBoolean();
-        }
-
-        private static String[] path(JsonNode segs) {
-            if (segs == null || segs.isNull()) {
-                return null;
-            }
-            String[] out = new String[segs.size()];
-            for (int i = 0; i < out.length; i++) {
-                out[i] = segs.get(i).asText();
-            }
-            return out;
         }
     }
 

@@ -195,18 +195,18 @@ public final class RuleSet {
     /** One event's values, each path read once whatever number of rules test it. */
     static final class Event {
         private final Variant root;
-        private final Map<String, Value> values = new HashMap<>();
+        // By the path array's identity: Value.path gives one array per distinct path.
+        private final Map<String[], Value> values = new java.util.IdentityHashMap<>();
 
         Event(Variant root) {
             this.root = root;
         }
 
         Value value(String[] path) {
-            String key = String.join("\u0000", path);
-            Value x = values.get(key);
+            Value x = values.get(path);
             if (x == null) {
                 x = Value.at(root, path);
-                values.put(key, x);
+                values.put(path, x);
             }
             return x;
         }

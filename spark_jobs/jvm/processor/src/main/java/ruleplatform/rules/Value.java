@@ -28,6 +28,25 @@ public final class Value {
         this.x = x;
     }
 
+    private static final java.util.concurrent.ConcurrentHashMap<java.util.List<String>, String[]> PATHS =
+        new java.util.concurrent.ConcurrentHashMap<>();
+
+    /**
+     * A path from its spec (`["user", "id"]`; null for none), one array per distinct path
+     * in the JVM: an event's values are cached by the array's identity
+     * (RuleSet.Event), so every rule reading a path finds the value read once.
+     */
+    static String[] path(com.fasterxml.jackson.databind.JsonNode segs) {
+        if (segs == null || segs.isNull()) {
+            return null;
+        }
+        String[] out = new String[segs.size()];
+        for (int i = 0; i < out.length; i++) {
+            out[i] = segs.get(i).asText();
+        }
+        return PATHS.computeIfAbsent(java.util.List.of(out), k -> out);
+    }
+
     /** The value at `path` (object keys) under `root`; JSON null and a missing key are missing. */
     static Value at(Variant root, String[] path) {
         Variant x = root;
