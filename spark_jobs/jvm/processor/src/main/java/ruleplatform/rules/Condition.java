@@ -47,6 +47,15 @@ public final class Condition {
             kind == Kind.BOOL && spec.get("bool").asBoolean());
     }
 
+    /** A rule's conditions from their specs (a JSON array of `of`'s specs), in order. */
+    static Condition[] all(JsonNode specs) {
+        Condition[] out = new Condition[specs.size()];
+        for (int k = 0; k < out.length; k++) {
+            out[k] = of(specs.get(k));
+        }
+        return out;
+    }
+
     /**
      * The value is there but is no number, and this condition orders numbers: the event
      * was kept from passing by a value the rule cannot read (counted, not dead-lettered).

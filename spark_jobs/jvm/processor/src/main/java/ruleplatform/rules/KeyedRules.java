@@ -56,11 +56,7 @@ public final class KeyedRules {
             eventTime = n.get("event_time").asBoolean();
             rule = n.get("rule");
             ruleId = rule.get("rule_id").asText();
-            JsonNode cs = n.get("conditions");
-            conditions = new Condition[cs.size()];
-            for (int k = 0; k < conditions.length; k++) {
-                conditions[k] = Condition.of(cs.get(k));
-            }
+            conditions = Condition.all(n.get("conditions"));
             gid = n.get("gid").asText();
             key = Value.path(n.get("key"));
             ts = Value.path(n.get("ts"));

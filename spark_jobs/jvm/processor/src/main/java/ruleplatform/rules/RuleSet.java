@@ -130,13 +130,8 @@ public final class RuleSet {
             JsonNode name = r.path("name");
             identities[i] = new String[] {r.get("id").asText(), r.path("version").asText(null),
                 name.isTextual() ? name.asText() : null};
-            JsonNode cs = r.get("conditions");
-            Condition[] conditions = new Condition[cs.size()];
-            for (int k = 0; k < conditions.length; k++) {
-                conditions[k] = Condition.of(cs.get(k));
-            }
             topics.computeIfAbsent(r.get("topic").asText(), t -> new Topic())
-                .add(new Rule(i, r.get("id").asText(), conditions));
+                .add(new Rule(i, r.get("id").asText(), Condition.all(r.get("conditions"))));
         }
         return new RuleSet(topics, identities, new KeyedRules(spec.path("keyed")));
     }
