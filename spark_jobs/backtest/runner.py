@@ -21,11 +21,10 @@ from spark_jobs.backtest.kept import LEVEL as KEEP_LEVEL
 from spark_jobs.backtest.kept import kept
 from spark_jobs.engine.events import classify, split, with_reasons
 from spark_jobs.engine.frames import union_all
-from spark_jobs.engine.pipeline import EngineResult, active_rules, evaluate
-from spark_jobs.engine.threshold import with_threshold_matches
-from spark_jobs.engine.values import Fields, extract_fields
+from spark_jobs.engine.pipeline import EngineResult, active_rules, evaluate, judged
+from spark_jobs.engine.values import field, timestamp_ms
 from spark_jobs.rules.loader import RuleError, load_rules
-from spark_jobs.rules.model import AnyRule, CorrelationRule, ThresholdRule
+from spark_jobs.rules.model import AnyRule, CorrelationRule
 from spark_jobs.spark import session_conf
 
 _T = TypeVar("_T")
@@ -122,20 +121,18 @@ def _counts(parsed: DataFrame, lines: DataFrame, result: EngineResult) -> DataFr
     what: `events`/`malformed` per topic, `detections` per rule (with its first and last
     detection time), `dead_letter` in all, `routed` and `primaries` per rule."""
     none = F.lit(None).cast("long")
-
-    def n_only(df: DataFrame, what: str, name: str) -> DataFrame:
-        return df.agg(F.count(F.lit(1)).alias("n")).select(
-            F.lit(what).alias("what"), F.lit(name).alias("name"), "n", none.alias("first"), none.alias("last"))
-
     parts = [
         parsed.groupBy("topic", F.when(F.col("_reason").isNull(), "events").otherwise("malformed").alias("what"))
         .agg(F.count(F.lit(1)).alias("n"))
         .select("what", F.col("topic").alias("name"), "n", none.alias("first"), none.alias("last")),
         lines.groupBy(F.col("file").alias("what"), F.when(F.col("file") == "detections", F.col("rule_id")).alias("name"))
         .agg(F.count(F.lit(1)).alias("n"), F.min("k_time").alias("first"), F.max("k_time").alias("last")),
-        *[n_only(df, "routed", rid) for rid, df in result.routed.items()],
-        *[n_only(df, "primaries", rid) for rid, df in result.primaries.items()],
     ]
+    for what, df in (("routed", result.routed), ("primaries", result.primaries)):
+        if df is not None:
+            parts.append(df.groupBy(F.lit(what).alias("what"), F.col("rule_id").alias("name"))
+                         .agg(F.count(F.lit(1)).alias("n")).select("what", "name", "n", none.alias("first"),
+                                                                    none.alias("last")))
     return union_all(parts)
 
 
@@ -248,8 +245,7 @@ def _alongside(spark: SparkSession, background: Callable[[], object], work: Call
     return out
 
 
-def _evaluate_and_write(spark: SparkSession, parsed: DataFrame, fields: Fields, rules: list[AnyRule],
-                        out_dir: Path) -> tuple[dict[tuple[str, str], dict], EngineResult]:
+def _evaluate_and_write(spark: SparkSession, parsed: DataFrame, rules: list[AnyRule], out_dir: Path) -> tuple[dict[tuple[str, str], dict], EngineResult]:
     """The rules over the kept events (spark_jobs.backtest.kept), both files written;
     the counts (see _write_and_count) and the engine's result."""
     # The events are read, parsed and kept on the executors while this thread plans the
@@ -258,17 +254,18 @@ def _evaluate_and_write(spark: SparkSession, parsed: DataFrame, fields: Fields, 
     # idle for it.
     def plan() -> tuple[EngineResult, DataFrame]:
         events, malformed = split(parsed)
-        return evaluate(events, rules, fields), malformed
+        return evaluate(events, rules), malformed
 
     result, malformed = _alongside(spark, parsed.count, plan)
     # Routed velocity emits feed correlation rules and the summary: compute them once.
-    result.routed = {rid: df.persist(KEEP_LEVEL) for rid, df in result.routed.items()}
+    if result.routed is not None:
+        result.routed = result.routed.persist(KEEP_LEVEL)
     dead = union_all([malformed, *result.dead_letters])
     try:
         return _write_and_count(parsed, _output_lines(result.evaluated, dead), result, out_dir), result
     finally:
-        for df in result.routed.values():
-            df.unpersist()
+        if result.routed is not None:
+            result.routed.unpersist()
 
 
 def run_backtest(spark: SparkSession, cfg: BacktestConfig) -> dict:
@@ -293,16 +290,15 @@ def _run(spark: SparkSession, cfg: BacktestConfig) -> dict:
         classified, topics = _archive_input(spark, cfg.history, rules)
     else:
         classified = classify(read_inputs(spark, cfg.inputs))
-    # Parsed once, every field the rules read extracted once, and kept: every rule, the
-    # dead letters and the summary read it. The VARIANT itself is not kept; the
-    # extracted columns are all the rules need and are cheaper to scan.
+    # Parsed once, judged once by the live job's evaluator (threshold matches and keyed
+    # rows), and kept: every rule, the dead letters and the summary read it. The VARIANT
+    # itself is not kept; the verdicts are all the rules need.
     # A file has no broker timestamp: processing-time rules use the --time-field.
-    classified = with_threshold_matches(classified, rules)
-    parsed, fields = extract_fields(classified, [r for r in rules if not isinstance(r, ThresholdRule)],
-                                    [cfg.time_field])
-    parsed = parsed.withColumn("proc_ms", F.coalesce("proc_ms", fields.time(cfg.time_field))).drop("v")
+    classified = classified.withColumn(
+        "proc_ms", F.coalesce("proc_ms", timestamp_ms(field(F.col("v"), cfg.time_field))))
+    parsed = judged(classified, rules).drop("v")
     with kept(parsed) as parsed:
-        counts, result = _evaluate_and_write(spark, parsed, fields, rules, cfg.out_dir)
+        counts, result = _evaluate_and_write(spark, parsed, rules, cfg.out_dir)
 
     def n(what: str, name: str = "") -> int:
         row = counts.get((what, name))
@@ -315,7 +311,7 @@ def _run(spark: SparkSession, cfg: BacktestConfig) -> dict:
             "rule_version": r.version,
             "rule_type": r.rule_type,
             "source_topic": r.source_topic,
-            "events_evaluated": n("primaries", r.rule_id) if r.rule_id in result.primaries else n("events", r.source_topic),
+            "events_evaluated": n("primaries", r.rule_id) if isinstance(r, CorrelationRule) else n("events", r.source_topic),
             "detections": n("detections", r.rule_id),
             "routed": n("routed", r.rule_id),
             "first_detection": _iso(stats.get("first") if stats else None),

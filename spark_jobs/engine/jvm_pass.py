@@ -21,13 +21,14 @@ from pyspark.sql.connect.plan import LogicalPlan
 
 from spark_jobs.spark import jvm_class
 
-Pass = Literal["velocity", "correlation", "thresholds"]
+Pass = Literal["velocity", "correlation", "thresholds", "keyed"]
 
 # The JVM entry point of each pass: class and static method, as ConnectPasses names it.
 ENTRIES: dict[Pass, tuple[str, str]] = {
     "velocity": ("ruleplatform.keyed.BatchVelocity", "fired"),
     "correlation": ("ruleplatform.keyed.BatchCorrelation", "judged"),
     "thresholds": ("ruleplatform.rules.Evaluate", "thresholdPass"),
+    "keyed": ("ruleplatform.rules.Evaluate", "keyedPass"),
 }
 
 def run_pass(df: DataFrame, which: Pass, spec: str) -> DataFrame:

@@ -16,18 +16,19 @@ from spark_jobs.engine.correlation import correlation_rules
 from spark_jobs.engine.detections import render
 from spark_jobs.engine.emits import EMIT_COLUMNS
 from spark_jobs.engine.frames import union_all
+from spark_jobs.engine.keyed import FIRST, SECOND, KeyedRows, entered, judge
 from spark_jobs.engine.threshold import threshold_emits
-from spark_jobs.engine.values import Fields, extract_fields
 from spark_jobs.engine.velocity import velocity_rules
-from spark_jobs.rules.model import AnyRule, CorrelationRule, VelocityRule
+from spark_jobs.rules.model import AnyRule
+from spark_jobs.streaming.registry import ROUTED_TOPIC
 
 
 @dataclass
 class EngineResult:
     detections: DataFrame | None  # DETECTION_COLUMNS
     dead_letters: list[DataFrame] = field(default_factory=list)
-    routed: dict[str, DataFrame] = field(default_factory=dict)  # velocity rule id -> routed events
-    primaries: dict[str, DataFrame] = field(default_factory=dict)  # correlation rule id -> primaries
+    routed: DataFrame | None = None  # velocity.ROUTED_COLUMNS: what rules with emit_to_sink false emitted
+    primaries: DataFrame | None = None  # rule_id: one row per correlation primary
     # DETECTION_COLUMNS, `raw` and `reason`: the detections and, where `reason` is set,
     # the events a velocity rule could not evaluate (dead letters, as the live job's; not
     # in `detections`). One plan holds both, so a writer of both (the backtest) runs the
@@ -35,22 +36,26 @@ class EngineResult:
     evaluated: DataFrame | None = None
 
 
-def _union(dfs: list[DataFrame]) -> DataFrame | None:
-    if not dfs:
-        return None
-    return union_all(dfs)
-
-
 def active_rules(rules: list[AnyRule]) -> list[AnyRule]:
     return [r for r in rules if r.enabled]
 
 
-def evaluate(events: DataFrame, rules: list[AnyRule], fields: Fields | None = None) -> EngineResult:
-    """Evaluate enabled rules over `events` (columns of events.parse_events, or without
-    `v` but with the columns of `fields`, see values.extract_fields)."""
+def judged(events: DataFrame, rules: list[AnyRule]) -> DataFrame:
+    """`events` (`topic`, `v`, `proc_ms`) with what the evaluator makes of each for the
+    enabled rules: the threshold matches and the keyed rows, in one projection, so a
+    caller can keep these and drop `v` (the backtest)."""
+    from spark_jobs.engine.threshold import with_threshold_matches
+
     rules = active_rules(rules)
-    if fields is None:
-        events, fields = extract_fields(events, rules)
+    events = with_threshold_matches(events, rules)
+    keyed = KeyedRows.of(rules)
+    return judge(events, keyed) if keyed.rules else events
+
+
+def evaluate(events: DataFrame, rules: list[AnyRule]) -> EngineResult:
+    """Evaluate enabled rules over `events` (columns of events.parse_events, or `judged`'s
+    for the same rules)."""
+    rules = active_rules(rules)
     result = EngineResult(detections=None)
     emits: list[DataFrame] = []
 
@@ -58,28 +63,36 @@ def evaluate(events: DataFrame, rules: list[AnyRule], fields: Fields | None = No
     if t is not None:
         emits.append(t)
 
-    vel = velocity_rules(events, [r for r in rules if isinstance(r, VelocityRule)], fields)
-    result.dead_letters += vel.dead
-    result.routed.update(vel.routed)
-    if vel.emits is not None:
-        emits.append(vel.emits)
-
-    correlation = [r for r in rules if isinstance(r, CorrelationRule)]
-    sources: dict[str, tuple[DataFrame, Fields]] = {}
-    for rule in correlation:
-        if rule.velocity_filter_rule_id is not None:
-            routed = result.routed.get(rule.velocity_filter_rule_id)
-            # A disabled or absent velocity rule routes nothing: no primaries at all.
-            sources[rule.rule_id] = extract_fields(routed, [rule]) if routed is not None else (events.limit(0), fields)
-    if correlation:
-        out = correlation_rules(events, correlation, fields, sources)
-        result.dead_letters.append(out.dead)
-        result.primaries.update(out.primaries)
-        emits.append(out.emits)
+    keyed = KeyedRows.of(rules)
+    if keyed.rules:
+        if FIRST not in events.columns:
+            events = judge(events, keyed)
+        meta = F.element_at(keyed.table(), F.col("_i") + 1)
+        first = entered(events, FIRST)
+        vel = velocity_rules(first, keyed, meta)
+        result.routed = vel.routed
+        if vel.emits is not None and vel.dead is not None:
+            emits.append(vel.emits)
+            result.dead_letters.append(vel.dead)
+        if keyed.indexes("primary"):
+            # The second operator's rules (fed by a velocity rule) take their context
+            # from the events and their primaries from what the velocity rule routed.
+            rows = [first, entered(events, SECOND)]
+            if vel.routed is not None:
+                routed = vel.routed.select(
+                    "topic", "seq", "raw", F.parse_json("raw").alias("v"), "proc_ms",
+                    F.lit(ROUTED_TOPIC).alias("in_topic"), F.col("rule_id").alias("route_from"))
+                rows.append(entered(judge(routed, keyed), SECOND))
+            out = correlation_rules(union_all(rows), keyed, meta)
+            if out.emits is not None and out.dead is not None:
+                result.dead_letters.append(out.dead)
+                result.primaries = out.primaries
+                emits.append(out.emits)
 
     none = F.lit(None).cast("string").alias("reason")
-    all_emits = _union([e.select(*EMIT_COLUMNS, "head", "reason" if "reason" in e.columns else none) for e in emits])
-    if all_emits is not None:
+    if emits:
+        all_emits = union_all([e.select(*EMIT_COLUMNS, "head", "reason" if "reason" in e.columns else none)
+                               for e in emits])
         result.evaluated = render(all_emits, keep=("raw", "reason"))
         result.detections = result.evaluated.filter(F.col("reason").isNull()).drop("raw", "reason")
     return result

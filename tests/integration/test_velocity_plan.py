@@ -92,9 +92,21 @@ def test_each_rule_gets_its_own_window(spark):
         assert abs(got[key] - value) < 1e-9, (key, got[key], value)
 
 
-def test_the_jvm_pass_evaluates_the_group_in_one_sort_and_no_window_operator(spark):
-    plan = evaluate(_events(spark), _rules()).detections._jdf.queryExecution().executedPlan().toString()
+def test_every_velocity_rule_is_one_pass_over_one_sort_whatever_the_topics_and_keys(spark):
+    # The rules, and copies of them on other topics, keys and clocks: 24 rules in 4
+    # (topic, key, clock) groups, one MapPartitions over one sort by (rule, key, time,
+    # arrival), and no Window operator.
+    rules = list(_rules())
+    for n, (topic, key, clock) in enumerate([("f", "u", "event_time"), ("e", "type", "event_time"),
+                                             ("g", "u", "processing_time")]):
+        for r in _rules():
+            d = r.model_dump(mode="json") | {"rule_id": f"{r.rule_id}_{n}", "source_topic": topic, "group_by": key,
+                                              "time_mode": clock}
+            if clock == "processing_time":
+                d.pop("timestamp_field")
+            rules.append(parse_rule(d))
+    plan = evaluate(_events(spark), rules).detections._jdf.queryExecution().executedPlan().toString()
     assert "Window [" not in plan and "WindowExec" not in plan
-    # One pass per group (here one group): its MapPartitions over one sort by (k, time, arrival).
     assert plan.count("MapPartitions") == 1
-    assert len(re.findall(r"Sort \[k#\d+ ASC NULLS FIRST, ts_ms#\d+L ASC NULLS FIRST, seq#\d+L ASC NULLS FIRST\]", plan)) == 1
+    sort = r"Sort \[_i#\d+ ASC NULLS FIRST, k#\d+ ASC NULLS FIRST, ts_ms#\d+L ASC NULLS FIRST, seq#\d+L ASC NULLS FIRST\]"
+    assert len(re.findall(sort, plan)) == 1

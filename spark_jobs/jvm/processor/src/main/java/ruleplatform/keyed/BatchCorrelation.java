@@ -48,8 +48,8 @@ public final class BatchCorrelation {
     });
 
     /**
-     * The primaries of `rows` that fire under their rule of `specJson` ({"rules": [rule,
-     * ..]}, each jvm_operator.rule_spec), with the rule's index in `_i`.
+     * The primaries of `rows` that fire under their rule of `specJson` ({"rules": [rule or
+     * null, ..]}, each rule_set.rule_spec), with the rule's index in `_i`.
      * `rows`: r (the rule's index), k, ts_ms, seq, is_ctx, topic, raw, ev (the primary's
      * value), cnum, cjson, craw (the context's value as a number and as JSON text, and its
      * record); r, k and ts_ms not null.
@@ -67,7 +67,7 @@ public final class BatchCorrelation {
             JsonNode rules = JSON.readTree(specJson).get("rules");
             RuleSpec[] out = new RuleSpec[rules.size()];
             for (int i = 0; i < out.length; i++) {
-                out[i] = new RuleSpec(rules.get(i));
+                out[i] = rules.get(i).isNull() ? null : new RuleSpec(rules.get(i)); // not a rule's primary row
             }
             return out;
         } catch (IOException e) {

@@ -4,7 +4,6 @@ import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
 import java.io.IOException;
 import java.io.UncheckedIOException;
-import java.util.ArrayDeque;
 import java.util.Arrays;
 import java.util.Iterator;
 import java.util.NoSuchElementException;
@@ -19,16 +18,19 @@ import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.types.StructType;
 
 /**
- * The backtest's velocity rules of one group (spark_jobs/engine/velocity.py) in one pass
- * over the group's events sorted by (key, time, arrival): per key and rule a window that
- * slides forward, the live job's own aggregation ({@link Velocity.Window}: exact sums,
- * monotonic deques for min/max, value counts for distinct_count) and its emit rule.
+ * The backtest's velocity rules (spark_jobs/engine/velocity.py) in one pass over every
+ * rule's entered events, sorted by (rule, key, time, arrival): per key and rule a window
+ * that slides forward, the live job's own aggregation ({@link Velocity.Window}: exact
+ * sums, monotonic deques for min/max, value counts for distinct_count) and its emit rule.
+ * The rows are the live evaluator's (ruleplatform.rules.KeyedRules: one per event and
+ * rule it enters, with the rule's time, number and JSON text), so the plan is one
+ * shuffle and one sort whatever the number of rules, keys and topics.
  *
  * Spark's window functions need an expression per (rule, frame) and a frame per window
  * size; a ten-rule group was 27 window expressions in three Window operators, each
  * carrying every row's text through: the largest gap of the backtest to a hand-written
- * plan for the same rules (bench_backtest_floor.py, docs/benchmarks.md). Here each event is read once,
- * and each rule it enters costs O(1) amortized.
+ * plan for the same rules (bench_backtest_floor.py, docs/benchmarks.md). Here each
+ * entered row is read once and costs O(1) amortized.
  * State is bounded by the rows of one key's largest window (entries leave as the window
  * moves; the columns are compacted, not grown, while half of them are free).
  */
@@ -36,7 +38,7 @@ public final class BatchVelocity {
     private BatchVelocity() {}
 
     /**
-     * velocity.py `_fired`'s columns: the event's, the index of the rule, and its
+     * velocity.py's fired rows: the event's columns, the index of the rule, and its
      * aggregation where it fired, or the reason it could not be evaluated (a dead letter).
      */
     public static final StructType OUTPUT_SCHEMA = new StructType(new StructField[] {
@@ -51,13 +53,14 @@ public final class BatchVelocity {
     });
 
     /**
-     * The rows of `entered` (velocity.py `_entered`: topic, seq, raw, proc_ms, k, ts_ms and
-     * each rule's `q` and `x` columns; k and ts_ms not null) at which a rule of `specJson`
-     * fires or cannot be evaluated: {"rules": [{"q", "x", "aggregation_type",
-     * "window_ms", "threshold", "all_events"}]}, a rule's index in that list its `_i`.
+     * The rows of `entered` (topic, seq, raw, proc_ms, `_i`: the rule's index, k, ts_ms,
+     * num, jv: what the rule reads of the event; _i, k and ts_ms not null) at which their
+     * rule in `specJson` fires or cannot be evaluated: {"rules": [{"aggregation_type",
+     * "window_ms", "threshold", "all_events"} or null, ..]}, by index.
      */
     public static Dataset<Row> fired(Dataset<Row> entered, String specJson) {
-        Dataset<Row> sorted = entered.repartition(entered.col("k")).sortWithinPartitions("k", "ts_ms", "seq");
+        Dataset<Row> sorted = entered.repartition(entered.col("_i"), entered.col("k"))
+            .sortWithinPartitions("_i", "k", "ts_ms", "seq");
         return sorted.mapPartitions(new Pass(specJson, sorted.schema()), Encoders.row(OUTPUT_SCHEMA));
     }
 
@@ -79,9 +82,10 @@ public final class BatchVelocity {
         private final int raw;
         private final int proc;
         private final int ts;
+        private final int rule;
         private final int key;
-        private final int[] q;
-        private final int[] x;
+        private final int num;
+        private final int jv;
 
         Pass(String spec, StructType schema) {
             this.spec = spec;
@@ -90,34 +94,28 @@ public final class BatchVelocity {
             raw = schema.fieldIndex("raw");
             proc = schema.fieldIndex("proc_ms");
             ts = schema.fieldIndex("ts_ms");
+            rule = schema.fieldIndex("_i");
             key = schema.fieldIndex("k");
-            JsonNode rules = rules(spec);
-            q = new int[rules.size()];
-            x = new int[rules.size()];
-            for (int i = 0; i < q.length; i++) {
-                q[i] = schema.fieldIndex(rules.get(i).get("q").asText());
-                x[i] = schema.fieldIndex(rules.get(i).get("x").asText());
-            }
+            num = schema.fieldIndex("num");
+            jv = schema.fieldIndex("jv");
         }
 
         @Override
         public Iterator<Row> call(Iterator<Row> in) {
             JsonNode rules = rules(spec);
-            Slide[] slides = new Slide[q.length];
-            for (int i = 0; i < slides.length; i++) {
-                slides[i] = new Slide(rules.get(i));
-            }
+            Slide[] slides = new Slide[rules.size()];
             return new Iterator<>() {
-                private final ArrayDeque<Row> out = new ArrayDeque<>();
-                private Object current;
-                private boolean started;
+                private Row next;
+                private Slide slide;
+                private int currentRule = -1;
+                private Object currentKey;
 
                 @Override
                 public boolean hasNext() {
-                    while (out.isEmpty() && in.hasNext()) {
-                        take(in.next());
+                    while (next == null && in.hasNext()) {
+                        next = take(in.next());
                     }
-                    return !out.isEmpty();
+                    return next != null;
                 }
 
                 @Override
@@ -125,38 +123,38 @@ public final class BatchVelocity {
                     if (!hasNext()) {
                         throw new NoSuchElementException();
                     }
-                    return out.poll();
+                    Row out = next;
+                    next = null;
+                    return out;
                 }
 
-                private void take(Row row) {
+                private Row take(Row row) {
+                    int i = row.getInt(rule);
                     Object k = row.get(key);
-                    if (!started || !Objects.equals(k, current)) {
-                        for (Slide s : slides) {
-                            s.reset();
+                    if (i != currentRule || !Objects.equals(k, currentKey)) {
+                        if (slides[i] == null) {
+                            slides[i] = new Slide(rules.get(i));
                         }
-                        current = k;
-                        started = true;
+                        slide = slides[i];
+                        slide.reset();
+                        currentRule = i;
+                        currentKey = k;
                     }
                     long t = row.getLong(ts);
-                    for (int i = 0; i < slides.length; i++) {
-                        if (row.isNullAt(q[i]) || !row.getBoolean(q[i])) {
-                            continue;
+                    double value = slide.num != null && !row.isNullAt(num) ? row.getDouble(num) : Double.NaN;
+                    String text = slide.jv != null ? row.getString(jv) : null;
+                    try {
+                        if (slide.step(t, value, text)) {
+                            return RowFactory.create(row.get(topic), row.get(seq), row.get(raw), row.get(proc), t, i,
+                                    slide.agg, null);
                         }
-                        Slide s = slides[i];
-                        double num = s.num != null && !row.isNullAt(x[i]) ? row.getDouble(x[i]) : Double.NaN;
-                        String jv = s.jv != null ? row.getString(x[i]) : null;
-                        try {
-                            if (s.step(t, num, jv)) {
-                                out.add(RowFactory.create(row.get(topic), row.get(seq), row.get(raw), row.get(proc), t,
-                                        i, s.agg, null));
-                            }
-                        } catch (EvaluationError e) {
-                            // The live job dead-letters what it cannot evaluate (an exact sum
-                            // beyond the double range), and keeps the window without it.
-                            out.add(RowFactory.create(row.get(topic), row.get(seq), row.get(raw), row.get(proc), t, i,
-                                    null, EvaluationError.reason(e)));
-                        }
+                    } catch (EvaluationError e) {
+                        // The live job dead-letters what it cannot evaluate (an exact sum
+                        // beyond the double range), and keeps the window without it.
+                        return RowFactory.create(row.get(topic), row.get(seq), row.get(raw), row.get(proc), t, i,
+                                null, EvaluationError.reason(e));
                     }
+                    return null;
                 }
             };
         }

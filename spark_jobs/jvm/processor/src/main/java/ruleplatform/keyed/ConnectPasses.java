@@ -14,7 +14,8 @@ import org.sparkproject.connect.protobuf.Any;
 import org.sparkproject.connect.protobuf.CodedInputStream;
 
 /**
- * The backtest's JVM passes ({@link BatchVelocity#fired}, {@link BatchCorrelation#judged})
+ * The backtest's JVM passes ({@link BatchVelocity#fired}, {@link BatchCorrelation#judged},
+ * the rule-set evaluator's threshold and keyed passes)
  * for Spark Connect clients, which have no Py4J gateway to call them: a Spark Connect
  * relation plugin (`spark.connect.extensions.relation.classes`, set by `rulectl
  * connect`). So a backtest on a Connect server runs the same code as one on a classic
@@ -28,6 +29,7 @@ public final class ConnectPasses implements RelationPlugin {
     static final String VELOCITY = "ruleplatform.keyed.BatchVelocity.fired";
     static final String CORRELATION = "ruleplatform.keyed.BatchCorrelation.judged";
     static final String THRESHOLDS = "ruleplatform.rules.Evaluate.thresholdPass";
+    static final String KEYED = "ruleplatform.rules.Evaluate.keyedPass";
     private static final int RECURSION_LIMIT = 10_000;
 
     @Override
@@ -56,13 +58,15 @@ public final class ConnectPasses implements RelationPlugin {
         String pass = literal(project.getExpressions(0));
         String spec = literal(project.getExpressions(1));
         if (pass == null || spec == null
-                || !(VELOCITY.equals(pass) || CORRELATION.equals(pass) || THRESHOLDS.equals(pass))) {
+                || !(VELOCITY.equals(pass) || CORRELATION.equals(pass) || THRESHOLDS.equals(pass)
+                    || KEYED.equals(pass))) {
             return Optional.empty();
         }
         Dataset<Row> in = org.apache.spark.sql.classic.Dataset.ofRows(planner.session(),
                 planner.transformRelation(project.getInput()));
         Dataset<Row> out = VELOCITY.equals(pass) ? BatchVelocity.fired(in, spec)
                 : CORRELATION.equals(pass) ? BatchCorrelation.judged(in, spec)
+                : KEYED.equals(pass) ? ruleplatform.rules.Evaluate.keyedPass(in, spec)
                 : ruleplatform.rules.Evaluate.thresholdPass(in, spec);
         return Optional.of(((org.apache.spark.sql.classic.Dataset<Row>) out).logicalPlan());
     }

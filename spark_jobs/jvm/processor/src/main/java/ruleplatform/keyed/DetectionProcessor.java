@@ -292,6 +292,12 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
         }
     }
 
+    /** The dead-letter reason of a row without a usable time; shared with the backtest's passes. */
+    static String noTime(RuleSpec rule) {
+        String what = rule.usesEventTime ? "timestamp field '" + rule.timestampField + "'" : "processing time";
+        return "missing or unparseable " + what + " needed by " + rule.ruleType + " rule";
+    }
+
     /**
      * One key's rows of the batch, `v` its stored sub-state: outputs
      * appended to `out`; returns the new sub-state (null: untouched).
@@ -302,9 +308,7 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
         for (Ev r : rows) {
             if (r.ts == null) {
                 // No usable timestamp: the row never touches state.
-                out.add(output("dead", rule, r, null, r.tsIssue != null ? r.tsIssue
-                        : "missing or unparseable timestamp field '" + rule.timestampField + "' needed by "
-                                + rule.ruleType + " rule"));
+                out.add(output("dead", rule, r, null, r.tsIssue != null ? r.tsIssue : noTime(rule)));
                 continue;
             }
             anyTime = true;

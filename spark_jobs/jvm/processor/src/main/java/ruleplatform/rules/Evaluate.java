@@ -156,18 +156,60 @@ public final class Evaluate {
             if (rules == null) {
                 rules = BatchVersions.forTask(dir);
             }
-            KeyedRules.Judged j = rules.keyed().judge(stage, topic, routeFrom, v, procMs, maxAheadMs);
-            Row[] groups = new Row[j.groups.size()];
-            for (int i = 0; i < groups.length; i++) {
-                KeyedRules.Group g = j.groups.get(i);
-                Row[] members = new Row[g.members.size()];
-                for (int k = 0; k < members.length; k++) {
-                    KeyedRules.Member m = g.members.get(k);
-                    members[k] = RowFactory.create(m.index, m.ts, m.far, m.num, m.json);
-                }
-                groups[i] = RowFactory.create(g.gid, g.key, g.wm, members);
+            return keyedRow(rules.keyed().judge(stage, topic, routeFrom, v, procMs, maxAheadMs));
+        }
+    }
+
+    static Row keyedRow(KeyedRules.Judged j) {
+        Row[] groups = new Row[j.groups.size()];
+        for (int i = 0; i < groups.length; i++) {
+            KeyedRules.Group g = j.groups.get(i);
+            Row[] members = new Row[g.members.size()];
+            for (int k = 0; k < members.length; k++) {
+                KeyedRules.Member m = g.members.get(k);
+                members[k] = RowFactory.create(m.index, m.ts, m.far, m.num, m.json);
             }
-            return RowFactory.create(groups, j.unreadable.toArray(new String[0]), j.context);
+            groups[i] = RowFactory.create(g.gid, g.key, g.wm, members);
+        }
+        return RowFactory.create(groups, j.unreadable.toArray(new String[0]), j.context);
+    }
+
+    /**
+     * The keyed pass of a backtest: `in` (columns `topic`, `v`, `proc_ms`, and where
+     * routed events are judged `in_topic` and `route_from`) with `_k1` and `_k2`, the
+     * keyed rows (as `liveKeyed`'s) of the spec's first and second operator's rules, by
+     * the live job's evaluator. No event time is too far ahead: the backtest holds every
+     * recorded event (the live job's limit guards its watermark).
+     */
+    public static Dataset<Row> keyedPass(Dataset<Row> in, String specJson) {
+        java.util.List<String> cols = java.util.Arrays.asList(in.columns());
+        Column topic = cols.contains("in_topic") ? in.col("in_topic") : in.col("topic");
+        Column route = cols.contains("route_from") ? in.col("route_from") : functions.lit(null).cast("string");
+        Column[] args = {topic, route, in.col("v"), in.col("proc_ms")};
+        return in.withColumn("_k1", keyed(specJson, KeyedRules.FIRST).apply(args))
+            .withColumn("_k2", keyed(specJson, KeyedRules.SECOND).apply(args));
+    }
+
+    private static UserDefinedFunction keyed(String spec, String stage) {
+        return functions.udf(new Keyed(spec, stage), KEYED).asNonNullable().withName(KEYED_NAME);
+    }
+
+    static final class Keyed implements org.apache.spark.sql.api.java.UDF4<String, String, VariantVal, Long, Row> {
+        private final String spec;
+        private final String stage;
+        private transient KeyedRules rules;
+
+        Keyed(String spec, String stage) {
+            this.spec = spec;
+            this.stage = stage;
+        }
+
+        @Override
+        public Row call(String topic, String routeFrom, VariantVal v, Long procMs) {
+            if (rules == null) {
+                rules = RuleSets.compiled(spec).keyed();
+            }
+            return keyedRow(rules.judge(stage, topic, routeFrom, v, procMs, -1));
         }
     }
 

@@ -22,9 +22,9 @@ import org.apache.spark.unsafe.types.VariantVal;
  *
  * What "enters" means is docs/rule-language.md's: the row's source (topic, and for a
  * routed row the velocity rule it follows) and conditions pass, the value it aggregates
- * is there (as a number where it needs one), the key is there, and a processing-time row
- * has its broker time. An event-time row enters without a usable time; the operator
- * dead-letters it with the reason (`far`, or a missing or unparseable time).
+ * is there (as a number where it needs one) and the key is there. A row enters without a
+ * usable time too; the operator dead-letters it with the reason (`far`, or a missing or
+ * unparseable time).
  */
 public final class KeyedRules {
     /** Which operator of the live chain judges a row: the first, or the second (correlation rules fed by a velocity rule). */
@@ -152,8 +152,10 @@ public final class KeyedRules {
 
     /**
      * The rows of `stage` whose source is (`topic`, `routeFrom`) judged on event `v`
-     * (`procMs`: its broker time; an event time more than `maxAheadMs` after it is
-     * unusable).
+     * (`procMs`: its broker time, or NULL where the record has none: the row enters
+     * without a time, as an event-time row without one does; an event time more than
+     * `maxAheadMs` after it is unusable, unless `maxAheadMs` is negative: a backtest
+     * replays recorded events and holds every one).
      */
     public Judged judge(String stage, String topic, String routeFrom, VariantVal v, Long procMs, long maxAheadMs) {
         if (v == null || topic == null) {
@@ -191,13 +193,13 @@ public final class KeyedRules {
             String far = null;
             if (r.eventTime) {
                 ts = r.ts == null ? null : e.value(r.ts).timeMs();
-                if (ts != null && procMs != null && ts > procMs + maxAheadMs) {
+                if (ts != null && procMs != null && maxAheadMs >= 0 && ts > procMs + maxAheadMs) {
                     far = "event time more than " + maxAheadMs + " ms ahead of the record's broker timestamp";
                 }
             } else {
                 ts = procMs;
             }
-            if (!valueThere || (!r.eventTime && ts == null)) {
+            if (!valueThere) {
                 continue;
             }
             byGroup.computeIfAbsent(r.gid, g -> new ArrayList<>())
