@@ -1,6 +1,6 @@
 """Backtest throughput: 1M events, 50 threshold + 10 velocity + 2 correlation rules.
 
-    python tests/benchmarks/bench_backtest.py [--events 1000000] [--keep DIR] [--table]
+    python tests/benchmarks/bench_backtest.py [--events 1000000] [--keep DIR] [--table] [--rule-copies N] [--loop]
 
 Generates the events (JSON Lines) and rules in a temp dir, runs the backtest on a local
 Spark session (local[2]) and prints events/s. The Spark session is started before the
@@ -50,7 +50,11 @@ def velocity_window_s(i: int) -> int:
     return 30 + i * 10
 
 
-def make_rules(directory: Path) -> None:
+def make_rules(directory: Path, copies: int = 0) -> None:
+    """The 62 rules, and `copies` more: copies of the threshold and velocity rules in turn,
+    each also asking for one user (`user_id == "u<k>"`: about one event in 20,000), so a
+    larger rule set finds about the same detections (the rule sets of the field: many
+    rules, most of them matching few events)."""
     rules = []
     for i in range(50):
         event_type, min_amount = threshold_rule(i)
@@ -87,6 +91,12 @@ def make_rules(directory: Path) -> None:
         "context_resolution": "mean_std", "context_value_field": "rate", "event_value_field": "implied_rate",
         "timestamp_field": "ts", "metric": "z_score", "condition": {"operator": ">", "value": 3}, "min_context_points": 3,
     })
+    plain = [r for r in rules if r["rule_type"] != "correlation"]
+    for k in range(copies):
+        r = json.loads(json.dumps(plain[k % len(plain)]))
+        r["rule_id"] = f"{r['rule_id']}_u{k}"
+        r["conditions"] = [*r["conditions"], {"field": "user_id", "operator": "==", "value": f"u{k % 20000}"}]
+        rules.append(r)
     (directory / "bench.yaml").write_text(yaml.safe_dump([{k: v for k, v in r.items() if v is not None} for r in rules]))
 
 
@@ -110,13 +120,13 @@ def make_events(path: Path, ctx_path: Path, n: int, seed: int = 7) -> None:
                 f.write(json.dumps({"currency_pair": p, "rate": round(1.02 + rnd.random() * 0.04, 4), "ts": start + i}) + "\n")
 
 
-def prepare(keep: Path | None, events: int, prefix: str) -> tuple[Path, Path, Path]:
+def prepare(keep: Path | None, events: int, prefix: str, copies: int = 0) -> tuple[Path, Path, Path]:
     """The work folder (`keep`, or a new temp dir) with the rules and, unless already
     there, the events: (folder, events file, context file). Shared with the other
     benchmarks (--keep DIR), so they measure the same files."""
     work = keep or Path(tempfile.mkdtemp(prefix=prefix))
     (work / "rules").mkdir(parents=True, exist_ok=True)
-    make_rules(work / "rules")
+    make_rules(work / "rules", copies)
     ev, ctx = work / "events.jsonl", work / "context.jsonl"
     if not ev.exists():
         t = time.time()
@@ -173,6 +183,17 @@ def archive_table(spark, work: Path, ev: Path, ctx: Path):
     return HistoryWindow(table, at - timedelta(hours=1), at + timedelta(minutes=1))
 
 
+def loop_figures(work: Path, ev: Path, ctx: Path, summary: dict, elapsed: float) -> dict:
+    """The plain-Python baseline on the same files, after the backtest (not beside it)."""
+    from python_loop import run as run_loop
+
+    loop_s, found = run_loop(work / "rules", [("events.raw", ev), ("context.raw", ctx)])
+    equal = all(found.get(rid, 0) == r["detections"] for rid, r in summary["rules"].items())
+    print(f"python loop: {loop_s:.1f}s, detections {'EQUAL to' if equal else 'DIFFERENT from'} the backtest's "
+          f"per rule; backtest {loop_s / elapsed:.2f}x the loop")
+    return {"loop_s": round(loop_s, 1), "loop_ratio": round(loop_s / elapsed, 2), "loop_equal": equal}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--events", type=int, default=1_000_000)
@@ -183,12 +204,17 @@ def main() -> None:
                     help="run the backtest this many times in the one session (later runs: a warm JVM, "
                          "as on a running Spark Connect server)")
     ap.add_argument("--table", action="store_true", help="backtest from a Delta archive table of the same records")
+    ap.add_argument("--rule-copies", type=int, default=0,
+                    help="more rules: copies of the threshold and velocity rules, each asking for one user")
+    ap.add_argument("--loop", action="store_true",
+                    help="then the same rules over the same files in one plain Python process (python_loop.py): "
+                         "its time, the ratio, and whether its detections per rule equal the backtest's")
     args = ap.parse_args()
     from spark_jobs.backtest.inputs import InputSpec
     from spark_jobs.backtest.runner import BacktestConfig, run_backtest
     from spark_jobs.spark import session
 
-    work, ev, ctx = prepare(args.keep, args.events, "bench-backtest-")
+    work, ev, ctx = prepare(args.keep, args.events, "bench-backtest-", args.rule_copies)
     extra = dict(c.split("=", 1) for c in args.conf)
     spark = session("bench-backtest", master="local[2]", shuffle_partitions=4, extra=extra)
     spark.range(10).count()  # JVM warm-up outside the timed region
@@ -209,17 +235,22 @@ def main() -> None:
         summary = run_backtest(spark, cfg)
         elapsed, cpu, jit = time.time() - t, jvm_cpu_s(spark) - cpu, jit_s(spark) - jit
         py = time.process_time() - py
-        print(f"rules: 50 threshold + 10 velocity + 2 correlation; detections: {summary['detections']}")
+        print(f"rules: 50 threshold + 10 velocity + 2 correlation + {args.rule_copies} copies; "
+              f"detections: {summary['detections']}")
         # busy: the CPU the JVM and this (driver) process used, as a share of both cores
         # over the run: near 100%, a run is CPU-bound and only less work makes it faster.
         print(f"run {run + 1}: backtest of {args.events} events from {source}: {elapsed:.1f}s -> "
               f"{args.events / elapsed:,.0f} events/s (Spark JVM CPU {cpu:.1f}s, of it JIT compiling "
               f"{jit:.1f}s; driver Python {py:.1f}s; busy {(cpu + py) / (2 * elapsed):.0%} of 2 cores)")
-        append_result("backtest", {
+        figures = {
             "elapsed_s": round(elapsed, 1), "events_per_s": round(args.events / elapsed),
             "jvm_cpu_s": round(cpu, 1), "jit_s": round(jit, 1), "driver_cpu_s": round(py, 1),
             "detections": summary["detections"],
-        }, events=args.events, source="table" if args.table else "json", run=run + 1, only=args.only,
+        }
+        if args.loop and run == 0 and not args.table and not args.only:
+            figures.update(loop_figures(work, ev, ctx, summary, elapsed))
+        append_result("backtest", figures, events=args.events, rules=62 + args.rule_copies, source="table" if args.table else "json", run=run + 1,
+            only=args.only,
             conf=args.conf or None)
 
 
