@@ -79,25 +79,3 @@ def rule_emits(df: DataFrame, meta: Column, ts_ms: Column, extra_json: Column, *
         *[meta[c].alias(c) for c in ("rule_id", "rule_version", "rule_type", "rule_name")],
         "topic", "seq", ts_ms.alias("ts_ms"), "raw", extra_json.alias("extra"), meta["head"].alias("head"), *more,
     )
-
-
-def matching(flags: list[Column]) -> Column:
-    """The indexes of the true `flags` as text, "0,3" ("" when none).
-
-    Many rules evaluated in one projection yield which of them matched. As an array
-    with the non-matches compacted away (a higher-order function), Spark evaluates it
-    interpreted, expression by expression, and twice (once more for the generator's
-    implied size > 0 filter); concat_ws skips NULLs in generated code.
-    """
-    return F.concat_ws(",", *[F.when(f, F.lit(str(i))) for i, f in enumerate(flags)])
-
-
-def explode_matching(df: DataFrame, matches: Column, keep: list[str], name: str = "_i") -> DataFrame:
-    """One row per index in `matches` (see `matching`), as int column `name`."""
-    # No filter before the generator: Spark would push it below the projection and
-    # compute `matches` twice. "" explodes to one "" row, dropped after.
-    return (
-        df.select(*keep, F.explode(F.split(matches, ",")).alias("_m"))
-        .filter(F.col("_m") != F.lit(""))
-        .select(*keep, F.col("_m").cast("int").alias(name))
-    )

@@ -39,12 +39,17 @@ BENCHES = {
     "backtest": Bench(
         "bench_backtest.py",
         "Backtest throughput of generated events under 50 threshold, 10 velocity and 2 correlation rules on "
-        "`local[2]`; `--table` reads them from a Delta table shaped like the event archive, `--repeat N` runs "
-        "warm repeats in one session, `--only RULE_ID` times some rules.",
-        f"{PY}bench_backtest.py --events 1000000 --table --repeat 3",
-        [("events", "events"), ("source", "from"), ("run", "run")],
+        "`local[2]`, cold (the first run of a session); `--rule-copies N` adds N copies of the threshold and "
+        "velocity rules that each also ask for one user (~1 event in 20,000); `--loop` then runs the same rules "
+        "over the same files in one plain Python process (python_loop.py) and gives the backtest's speed-up "
+        "over it, with its detections held equal per rule; `--table` reads a Delta table shaped like the event "
+        "archive, `--repeat N` runs warm repeats in one session, `--only RULE_ID` times some rules, `--conf` "
+        "sets Spark settings.",
+        f"{PY}bench_backtest.py --events 1000000 --loop",
+        [("events", "events"), ("rules", "rules"), ("source", "from"), ("run", "run"), ("conf", "conf")],
         [("events_per_s", "events/s"), ("elapsed_s", "s"), ("jvm_cpu_s", "JVM CPU s"), ("jit_s", "of it JIT s"),
-         ("driver_cpu_s", "driver CPU s"), ("detections", "detections")]),
+         ("driver_cpu_s", "driver CPU s"), ("detections", "detections"), ("loop_s", "Python loop s"),
+         ("loop_ratio", "x the loop"), ("loop_equal", "same detections")]),
     "backtest_floor": Bench(
         "bench_backtest_floor.py",
         "The floor under the backtest: the same run written by hand as the cheapest Spark plan for exactly "
@@ -169,16 +174,6 @@ BENCHES = {
          ("spark_archive_cpu_s", "Spark CPU s"), ("spark_none_cpu_s", "without"),
          ("broker_archive_wall_s", "broker wall s"), ("broker_none_wall_s", "without"),
          ("broker_archive_cpu_s", "broker CPU s"), ("broker_none_cpu_s", "without")]),
-    "rule_set": Bench(
-        "bench_rule_set.py",
-        "Threshold rules judged by the JVM rule-set evaluator (one call per event, rules as data) and by every "
-        "rule compiled into the plan as Spark expressions (the form before it), on the same cached events, as "
-        "the rule count grows (the benchmark's 50 plus rules that each ask for a user no event has); wall "
-        "seconds to plan and count the matches, median of 3 warm runs.",
-        f"{PY}bench_rule_set.py --events 200000",
-        [("events", "events")],
-        [(f"{k}_{n}", f"{n} rules: {t}") for n in (50, 300, 1000)
-         for k, t in (("evaluator_s", "evaluator s"), ("expressions_s", "expressions s"), ("agree", "same matches"))]),
     "real_time_mode": Bench(
         "bench_real_time_mode.py",
         "Which of the live job's operator kinds Spark's real-time mode accepts on the pinned Spark, and when "
