@@ -96,12 +96,14 @@ BENCHES = {
          ("keyed_stages.second operator.cpu_ms_mean", "second operator")]),
     "backlog": Bench(
         "bench_backlog.py",
-        "Backlog drain: the live job draining a backlog (threshold and event-time velocity rules); its "
-        "detections are compared with the reference evaluator's.",
+        "Backlog drain: the live job draining a backlog (threshold and event-time velocity rules; "
+        "`--rule-copies N` adds copies that each ask for one user), against the same rules over the same file "
+        "in one plain Python process (python_loop.py), whose detections per rule it must equal.",
         f"{PY}bench_backlog.py --events 300000",
-        [("events", "events"), ("max_offsets", "max offsets per trigger")],
+        [("events", "events"), ("rules", "rules"), ("max_offsets", "max offsets per trigger")],
         [("events_per_s", "events/s"), ("drain_s", "drain s"), ("detections", "detections"),
-         ("detections_equal_reference", "equal to the reference")]),
+         ("detections_equal_reference", "equal to the reference"), ("loop_s", "Python loop s"),
+         ("loop_ratio", "x the loop"), ("detections_equal_loop", "equal to the loop")]),
     "first_detection": Bench(
         "bench_first_detection.py",
         "Seconds from `rulectl detect` starting to its first detection on the sink, with `rules/` and the demo "
