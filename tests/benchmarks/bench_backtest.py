@@ -46,15 +46,16 @@ def threshold_rule(i: int) -> tuple[str, int]:
     return EVENT_TYPES[i % 4], 900 + i * 2
 
 
-def velocity_window_s(i: int) -> int:
-    return 30 + i * 10
+def velocity_window_s(i: int, scale: float = 1.0) -> int:
+    return max(1, round((30 + i * 10) * scale))
 
 
-def make_rules(directory: Path, copies: int = 0) -> None:
+def make_rules(directory: Path, copies: int = 0, window_scale: float = 1.0) -> None:
     """The 62 rules, and `copies` more: copies of the threshold and velocity rules in turn,
     each also asking for one user (`user_id == "u<k>"`: about one event in 20,000), so a
     larger rule set finds about the same detections (the rule sets of the field: many
-    rules, most of them matching few events)."""
+    rules, most of them matching few events). `window_scale` scales the velocity windows
+    (what a window's size costs)."""
     rules = []
     for i in range(50):
         event_type, min_amount = threshold_rule(i)
@@ -68,7 +69,7 @@ def make_rules(directory: Path, copies: int = 0) -> None:
     for i, agg in enumerate(VELOCITY_AGGS):
         r = {
             "rule_id": f"vel_{i}", "version": "1", "rule_type": "velocity", "source_topic": "events.raw",
-            "group_by": "user_id", "window_size": velocity_window_s(i), "window_unit": "seconds",
+            "group_by": "user_id", "window_size": velocity_window_s(i, window_scale), "window_unit": "seconds",
             "aggregation_type": agg, "threshold": VELOCITY_THRESHOLDS[agg],
             "time_mode": "event_time", "timestamp_field": "ts",
             "conditions": [{"field": "type", "operator": "!=", "value": "view"}],

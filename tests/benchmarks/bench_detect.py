@@ -198,6 +198,8 @@ def main() -> None:
     ap.add_argument("--rule-change", action="store_true", help="publish version 2 of every threshold rule halfway")
     ap.add_argument("--threshold-lane", choices=["micro-batch", "real-time"], default="micro-batch",
                     help="rulectl detect --threshold-lane")
+    ap.add_argument("--window-scale", type=float, default=1.0,
+                    help="scale the velocity rules' windows (30-120 s) by this factor: what window size costs")
     ap.add_argument("--event-log", action="store_true",
                     help="write Spark's event log and print where the keyed query's batches spend their time")
     args = ap.parse_args()
@@ -211,7 +213,7 @@ def main() -> None:
     with EmbeddedBroker(port=free_port()) as broker:
         rules_dir = work / "rules"
         rules_dir.mkdir()
-        make_rules(rules_dir)
+        make_rules(rules_dir, window_scale=args.window_scale)
         rules = [parse_rule(r) for r in [*yaml.safe_load((rules_dir / "bench.yaml").read_text()),
                                          *rare_rules(args.rare_rules)]]
         publish_rules(rules, broker.bootstrap)
@@ -268,7 +270,8 @@ def main() -> None:
         print("rule change: " + ", ".join(f"{k} {v}" for k, v in change.items()))
         figures.update({f"rule_change_{k}": v for k, v in change.items()})
     append_result("detect", figures, rate=args.rate, seconds=args.seconds, users=args.users,
-                  trigger_ms=args.trigger_ms, warmup_s=args.warmup, rules=len(rules), threshold_lane=args.threshold_lane)
+                  trigger_ms=args.trigger_ms, warmup_s=args.warmup, rules=len(rules), threshold_lane=args.threshold_lane,
+                  window_scale=args.window_scale if args.window_scale != 1.0 else None)
 
 
 if __name__ == "__main__":

@@ -80,11 +80,12 @@ BENCHES = {
         "rate; the sustained rate and p50/p99 produce-to-detection latency; `--warmup S` leaves a first load out; "
         "`--rare-rules N` adds N threshold rules that each match about one event in ten thousand; "
         "`--rule-change` publishes version 2 of every threshold rule halfway and times it to the sink; "
-        "`--threshold-lane real-time` runs the threshold rules in the real-time lane; `--event-log` writes "
+        "`--threshold-lane real-time` runs the threshold rules in the real-time lane; `--window-scale F` scales "
+        "the velocity windows; `--event-log` writes "
         "Spark's event log and reads the keyed query's CPU per batch, stage by stage, from it (stage_times.py).",
         f"{PY}bench_detect.py --rate 20000 --seconds 30 --users 2000 --warmup 20",
         [("rate", "target events/s"), ("seconds", "s"), ("warmup_s", "warm-up s"), ("rules", "rules"),
-         ("threshold_lane", "threshold lane")],
+         ("threshold_lane", "threshold lane"), ("window_scale", "window scale")],
         [("events_per_s", "sustained events/s"), ("latency_p50_s", "p50 s"), ("latency_p99_s", "p99 s"),
          ("threshold_p50_s", "threshold p50 s"), ("threshold_p99_s", "threshold p99 s"),
          ("velocity_p99_s", "velocity p99 s"),
