@@ -245,7 +245,8 @@ def _alongside(spark: SparkSession, background: Callable[[], object], work: Call
     return out
 
 
-def _evaluate_and_write(spark: SparkSession, parsed: DataFrame, rules: list[AnyRule], out_dir: Path) -> tuple[dict[tuple[str, str], dict], EngineResult]:
+def _evaluate_and_write(spark: SparkSession, parsed: DataFrame, rules: list[AnyRule],
+                        out_dir: Path) -> tuple[dict[tuple[str, str], dict], EngineResult]:
     """The rules over the kept events (spark_jobs.backtest.kept), both files written;
     the counts (see _write_and_count) and the engine's result."""
     # The events are read, parsed and kept on the executors while this thread plans the

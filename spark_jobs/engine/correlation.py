@@ -59,11 +59,10 @@ def correlation_rules(entered: DataFrame, keyed: KeyedRows, meta: Column) -> Cor
         F.when(is_ctx, F.col("raw")).alias("craw"),
     )
     spec = {i: rule_spec(keyed.rules[i], signature="") for i in primary_rows}
-    judged = run_pass(rows, "correlation", keyed.operator_spec("primary", spec))
-    m = F.element_at(keyed.table(), F.col("_i") + 1)
+    judged = run_pass(rows, "correlation", keyed.operator_spec("primary", spec))  # `_i`: the primary row
     # Under mean and mean_std the context value is the mean (the pass gives it as a number).
     ctx_json = F.coalesce(F.col("ctx_json"), json_number(F.col("ctx_num")))
-    members = correlation_members(ctx_json, m["metric"], F.col("metric_value"), F.col("ctx_record"),
-                                  m["emit_context"] == F.lit("true"))
+    members = correlation_members(ctx_json, meta["metric"], F.col("metric_value"), F.col("ctx_record"),
+                                  meta["emit_context"] == F.lit("true"))
     primaries = timed.filter(~is_ctx).select(F.col("_meta.rule_id").alias("rule_id"))
-    return CorrelationOutput(rule_emits(judged, m, F.col("ts_ms"), members), untimed(mine, F.col("_meta")), primaries)
+    return CorrelationOutput(rule_emits(judged, meta, F.col("ts_ms"), members), untimed(mine, F.col("_meta")), primaries)

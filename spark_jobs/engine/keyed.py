@@ -26,8 +26,6 @@ from spark_jobs.streaming.rules_source import rule_rows
 
 # The evaluator's verdicts of the first and second operator's rules (Evaluate.keyedPass).
 FIRST, SECOND = "_k1", "_k2"
-# What the keyed rows of an event are exploded to (`entered`).
-MEMBER_COLUMNS = ["topic", "seq", "raw", "proc_ms", "k", "_i", "ts_ms", "num", "jv"]
 
 
 @dataclass(frozen=True)
@@ -44,21 +42,20 @@ class KeyedRows:
         keyed = [r for r in rules if not isinstance(r, ThresholdRule)]
         rows = [row for r in keyed for row in rule_rows(r, ROUTED_TOPIC)]
         by_id = {r.rule_id: r for r in keyed}
-        spec_rows = keyed_spec(rows)
         owned: dict[str, int] = {}
+        rules_of_rows: list[AnyRule] = []
         kinds: list[str] = []
         owners: list[int] = []
-        for i, row in enumerate(spec_rows):
+        for i, row in enumerate(keyed_spec(rows)):
             rule = by_id[row["rule"]["rule_id"]]
             kind = "velocity" if isinstance(rule, VelocityRule) else (
                 "context" if row["role"] == "context" else "primary")
             if kind != "context":
                 owned[rule.rule_id] = i
+            rules_of_rows.append(rule)
             kinds.append(kind)
-            owners.append(owned.get(rule.rule_id, -1))
-        rules_of_rows = [by_id[row["rule"]["rule_id"]] for row in spec_rows]
-        # A context row precedes no primary of its rule (rule_rows: primary, then context).
-        assert all(o >= 0 for o in owners)
+            # rule_rows gives a correlation rule's primary row before its context row.
+            owners.append(owned[rule.rule_id])
         return cls(live_spec(rows), rules_of_rows, kinds, owners)
 
     def indexes(self, kind: str) -> list[int]:
@@ -95,7 +92,8 @@ def judge(events: DataFrame, keyed: KeyedRows) -> DataFrame:
 
 
 def entered(events: DataFrame, stage: str) -> DataFrame:
-    """MEMBER_COLUMNS: one row per (event, keyed rule row it enters at `stage`)."""
+    """One row per (event, keyed rule row it enters at `stage`): topic, seq, raw,
+    proc_ms, k, `_i` (the row's index), ts_ms, num, jv."""
     groups = events.select("topic", "seq", "raw", "proc_ms", F.explode(F.col(f"{stage}.g")).alias("_g"))
     members = groups.select("topic", "seq", "raw", "proc_ms", F.col("_g.k").alias("k"),
                             F.explode(F.col("_g.mem")).alias("_m"))

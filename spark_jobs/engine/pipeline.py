@@ -17,7 +17,7 @@ from spark_jobs.engine.detections import render
 from spark_jobs.engine.emits import EMIT_COLUMNS
 from spark_jobs.engine.frames import union_all
 from spark_jobs.engine.keyed import FIRST, SECOND, KeyedRows, entered, judge
-from spark_jobs.engine.threshold import threshold_emits
+from spark_jobs.engine.threshold import threshold_emits, with_threshold_matches
 from spark_jobs.engine.velocity import velocity_rules
 from spark_jobs.rules.model import AnyRule
 from spark_jobs.streaming.registry import ROUTED_TOPIC
@@ -44,8 +44,6 @@ def judged(events: DataFrame, rules: list[AnyRule]) -> DataFrame:
     """`events` (`topic`, `v`, `proc_ms`) with what the evaluator makes of each for the
     enabled rules: the threshold matches and the keyed rows, in one projection, so a
     caller can keep these and drop `v` (the backtest)."""
-    from spark_jobs.engine.threshold import with_threshold_matches
-
     rules = active_rules(rules)
     events = with_threshold_matches(events, rules)
     keyed = KeyedRows.of(rules)

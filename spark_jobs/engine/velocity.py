@@ -26,7 +26,6 @@ from pyspark.sql import functions as F
 from spark_jobs.engine.emits import extra, json_member, json_number, json_string, rule_emits
 from spark_jobs.engine.jvm_pass import run_pass
 from spark_jobs.engine.keyed import KeyedRows, untimed
-from spark_jobs.engine.rule_set import rule_spec, signature
 from spark_jobs.rules.model import VelocityRule
 
 ROUTED_COLUMNS = ["rule_id", "topic", "seq", "raw", "proc_ms", "ts_ms"]
@@ -52,9 +51,8 @@ def velocity_rules(entered: DataFrame, keyed: KeyedRows, meta: Column) -> Veloci
     for i in rows:
         r = keyed.rules[i]
         assert isinstance(r, VelocityRule)
-        d = rule_spec(r, signature(r))
-        spec[i] = {"aggregation_type": d["aggregation_type"], "window_ms": d["window_ms"],
-                   "threshold": d["threshold"], "all_events": d["emit_mode"] == "all_events"}
+        spec[i] = {"aggregation_type": r.aggregation_type, "window_ms": r.window_ms, "threshold": float(r.threshold),
+                   "all_events": r.emit_mode == "all_events"}
     fired = run_pass(mine.filter(F.col("ts_ms").isNotNull()), "velocity", keyed.operator_spec("velocity", spec))
     m = fired.select("*", meta.alias("_meta"))
     to_sink = [i for i in rows if keyed.rules[i].emit_to_sink]
