@@ -64,7 +64,7 @@ class KeyedRows:
     def table(self) -> Column:
         """Per row (by `_i` + 1): its rule's identity columns and `head` (emits.rule_table),
         `kind`, `owner`, and `no_time`, the reason a row without a usable time is a dead
-        letter (DetectionProcessor.noTime)."""
+        letter (the text of the live operator's DetectionProcessor.noTime)."""
         return rule_table(
             self.rules, kind=self.kinds, owner=[str(o) for o in self.owners],
             no_time=[_no_time(r) for r in self.rules],

@@ -292,7 +292,7 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
         }
     }
 
-    /** The dead-letter reason of a row without a usable time; shared with the backtest's passes. */
+    /** The dead-letter reason of a row without a usable time (engine/keyed.py `_no_time` writes the same text for the backtest). */
     static String noTime(RuleSpec rule) {
         String what = rule.usesEventTime ? "timestamp field '" + rule.timestampField + "'" : "processing time";
         return "missing or unparseable " + what + " needed by " + rule.ruleType + " rule";
