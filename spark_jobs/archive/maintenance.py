@@ -23,6 +23,12 @@ from spark_jobs.spark import session_conf
 # Delta refuses VACUUM below 7 days unless its safety check is off; the archive has one
 # writer (append-only) and backtests take minutes, so a shorter window is safe here.
 _RETENTION_CHECK = "spark.databricks.delta.retentionDurationCheck.enabled"
+# VACUUM lists the table's directories in a job of this many tasks, Spark's default
+# 10,000 (and Delta's own listing conf 200): on a small cluster that is a minute of
+# empty tasks for a table of a few dozen files (delta-io/delta#395). The archive's
+# listing is sized like its shuffles, to the cluster.
+_LISTING = ("spark.sql.sources.parallelPartitionDiscovery.parallelism",
+            "spark.databricks.delta.vacuum.fileListing.parallelism")
 
 
 def maintain(spark: SparkSession, table: str, retention_days: float, vacuum_hours: float,
@@ -43,7 +49,8 @@ def maintain(spark: SparkSession, table: str, retention_days: float, vacuum_hour
     with session_conf(spark, write_conf(row_group_bytes)):
         compaction = dt.optimize().executeCompaction().collect()
     metrics = compaction[0]["metrics"] if compaction else None
-    with session_conf(spark, {_RETENTION_CHECK: "false"}):
+    tasks = spark.conf.get("spark.sql.shuffle.partitions")
+    with session_conf(spark, {_RETENTION_CHECK: "false", **dict.fromkeys(_LISTING, tasks)}):
         dt.vacuum(float(vacuum_hours))
     return {
         "table": table,
