@@ -63,11 +63,9 @@ class KeyedRows:
 
     def table(self) -> Column:
         """Per row (by `_i` + 1): its rule's identity columns and `head` (emits.rule_table),
-        `kind`, `owner`, and `no_time`, the reason a row without a usable time is a dead
-        letter (the text of the live operator's DetectionProcessor.noTime)."""
+        `kind` and `owner`."""
         return rule_table(
             self.rules, kind=self.kinds, owner=[str(o) for o in self.owners],
-            no_time=[_no_time(r) for r in self.rules],
             agg_type=[r.aggregation_type if isinstance(r, VelocityRule) else "" for r in self.rules],
             metric=[r.metric if isinstance(r, CorrelationRule) else "" for r in self.rules],
             emit_context=[str(isinstance(r, CorrelationRule) and r.emit_mode in ("context", "both")).lower()
@@ -80,11 +78,6 @@ class KeyedRows:
                           allow_nan=False)
 
 
-def _no_time(rule: AnyRule) -> str:
-    what = f"timestamp field '{rule.timestamp_field}'" if rule.uses_event_time else "processing time"
-    return f"missing or unparseable {what} needed by {rule.rule_type} rule"
-
-
 def judge(events: DataFrame, keyed: KeyedRows) -> DataFrame:
     """`events` (`topic`, `v`, `proc_ms`; routed events also `in_topic`, `route_from`)
     with FIRST and SECOND: one evaluator call per event and operator stage."""
@@ -93,15 +86,16 @@ def judge(events: DataFrame, keyed: KeyedRows) -> DataFrame:
 
 def entered(events: DataFrame, stage: str) -> DataFrame:
     """One row per (event, keyed rule row it enters at `stage`): topic, seq, raw,
-    proc_ms, k, `_i` (the row's index), ts_ms, num, jv."""
+    proc_ms, k, `_i` (the row's index), ts_ms, issue (why ts_ms is null), num, jv."""
     groups = events.select("topic", "seq", "raw", "proc_ms", F.explode(F.col(f"{stage}.g")).alias("_g"))
     members = groups.select("topic", "seq", "raw", "proc_ms", F.col("_g.k").alias("k"),
                             F.explode(F.col("_g.mem")).alias("_m"))
     return members.select("topic", "seq", "raw", "proc_ms", "k", F.col("_m.i").alias("_i"),
-                          F.col("_m.ts").alias("ts_ms"), F.col("_m.num").alias("num"), F.col("_m.jv").alias("jv"))
+                          F.col("_m.ts").alias("ts_ms"), F.col("_m.issue").alias("issue"), F.col("_m.num").alias("num"), F.col("_m.jv").alias("jv"))
 
 
 def untimed(rows: DataFrame, meta: Column) -> DataFrame:
-    """The dead letters of entered rows without a usable time (DEAD_LETTER_COLUMNS)."""
+    """The dead letters of entered rows without a usable time (DEAD_LETTER_COLUMNS), with
+    the evaluator's reason (KeyedRules.noTime, as the live operator reports it)."""
     return rows.filter(F.col("ts_ms").isNull()).select(
-        "topic", "seq", "raw", meta["no_time"].alias("reason"), meta["rule_id"].alias("rule_id"))
+        "topic", "seq", "raw", F.col("issue").alias("reason"), meta["rule_id"].alias("rule_id"))

@@ -53,7 +53,8 @@ def velocity_rules(entered: DataFrame, keyed: KeyedRows, meta: Column) -> Veloci
         assert isinstance(r, VelocityRule)
         spec[i] = {"aggregation_type": r.aggregation_type, "window_ms": r.window_ms, "threshold": float(r.threshold),
                    "all_events": r.emit_mode == "all_events"}
-    fired = run_pass(mine.filter(F.col("ts_ms").isNotNull()), "velocity", keyed.operator_spec("velocity", spec))
+    fired = run_pass(mine.filter(F.col("ts_ms").isNotNull()).drop("issue"), "velocity",
+                     keyed.operator_spec("velocity", spec))
     m = fired.select("*", meta.alias("_meta"))
     to_sink = [i for i in rows if keyed.rules[i].emit_to_sink]
     routed = None

@@ -219,19 +219,20 @@ def _path_text(field: str) -> str:
 # Event times the engine accepts (docs/rule-language.md, "Timestamps"): years 0001 to 9999.
 MIN_EVENT_MS, MAX_EVENT_MS = -62_135_596_800_000, 253_402_300_799_999
 FAR = "event time more than 5000 ms ahead of the record's broker timestamp"
+NO_TIME = "missing or unparseable timestamp field 'ts' needed by velocity rule"  # docs/rule-language.md
 
 
 def _event_time(obj: dict) -> tuple[int | None, str | None]:
     """The event's `ts` as an event-time rule reads it: epoch ms (None: missing,
-    unparseable or out of range), and why it is unusable when it is too far ahead."""
+    unparseable or out of range), and why it is unusable (missing, or too far ahead)."""
     ms = parse_timestamp_ms(get_path(obj, "ts"))
     if ms is None or not MIN_EVENT_MS <= ms <= MAX_EVENT_MS:
-        return None, None
+        return None, NO_TIME
     return ms, FAR if ms > PROC_MS + 5_000 else None
 
 
 def _keyed_reference(rule_list: list[dict], evs: list[tuple[str, str]]) -> tuple[Counter, Counter, dict]:
-    """(seq, rule_id, key group, time, far reason) of each (event, velocity rule) the
+    """(seq, rule_id, key group, time, why the time is unusable) of each (event, velocity rule) the
     event enters (a processing-time rule's time is the broker time), (rule_id, reason)
     of each one a value the rule cannot read kept out, and per (seq, key group) the
     newest usable event time of its event-time rules (the job watermark's input)."""
@@ -262,7 +263,7 @@ def _keyed_reference(rule_list: list[dict], evs: list[tuple[str, str]]) -> tuple
             gid = _path_text(r["group_by"]) if r.get("group_by") else ""
             ts, far = _event_time(obj) if r.get("time_mode") == "event_time" else (PROC_MS, None)
             entered[(seq, r["rule_id"], gid, ts, far)] += 1
-            if r.get("time_mode") == "event_time" and ts is not None and far is None:
+            if r.get("time_mode") == "event_time" and far is None:
                 newest[(seq, gid)] = max(ts, newest.get((seq, gid), ts))
     return entered, skipped, newest
 
@@ -284,7 +285,7 @@ def test_keyed_rows_name_the_rules_the_reference_enters(spark, tmp_path_factory,
         # One row per (event, key group).
         assert sum(1 for o in got_rows if (o["seq"], o["gid"]) == (row["seq"], row["gid"])) == 1
         for m in row["mem"]:
-            got[(row["seq"], rule_of[m["i"]], row["gid"], m["ts"], m["far"])] += 1
+            got[(row["seq"], rule_of[m["i"]], row["gid"], m["ts"], m["issue"])] += 1
         if row["wm"] is not None:
             newest[(row["seq"], row["gid"])] = row["wm"]
     entered, skipped, expected_newest = _keyed_reference(rule_list, evs)

@@ -9,7 +9,7 @@ generator:
 every velocity aggregation and emit mode, a processing-time rule, a routed velocity
 rule, correlation rules of every resolution and metric (also on routed primaries),
 equal timestamps, fractional, huge and tiny values, late rows, rows without a usable
-timestamp (with and without the `far` issue), rules sharing a key group, two groups.
+timestamp (with and without the too-far-ahead `issue`), rules sharing a key group, two groups.
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ def _groups(slots: list[Slot]) -> dict[str, list[int]]:
 
 
 FAR = "event time more than 5000 ms ahead of the record's broker timestamp"
-MEMBERS = "array<struct<i:int,ts:bigint,far:string,num:double,jv:string>>"
+MEMBERS = "array<struct<i:int,ts:bigint,issue:string,num:double,jv:string>>"
 SCHEMA = f"gid string, k string, mem {MEMBERS}, topic string, seq long, raw string, proc_ms long, wm long"
 
 
@@ -138,16 +138,16 @@ def _batches(rnd: random.Random, slots: list[Slot], n: int) -> list[list[dict]]:
                 members = [i for i in members if (slots[i].role == "context") == context]
             chosen = [i for i in members if rnd.random() < 0.6] or [rnd.choice(members)]
             missing = rnd.random() < 0.03
-            issue = rnd.random() < 0.02
+            ahead = rnd.random() < 0.02
             wm = []
             row["mem"] = []
             for i in chosen:
-                member = {"i": i, "ts": row["proc_ms"], "far": None,
+                member = {"i": i, "ts": row["proc_ms"], "issue": None,
                           "num": rnd.choice(RATES if gid == "pair" and rnd.random() < 0.9 else VALUES),
                           "jv": rnd.choice(TEXTS)}
                 if slots[i].event_time:
-                    member.update(ts=None if missing else ts, far=FAR if issue else None)
-                    if not missing and not issue:
+                    member.update(ts=None if missing else ts, issue=FAR if ahead else None)
+                    if not missing and not ahead:
                         wm.append(ts)
                 row["mem"].append(member)
             row["wm"] = max(wm) if wm else None
@@ -166,7 +166,7 @@ def _overflowing(slots: list[Slot], ts: int, seq: int) -> list[dict]:
     for n, (slot, num, topic) in enumerate([(ctx, 2.5e300, "ctx"), (ctx, 1.0, "ctx"), (src, 1.0, "t")]):
         rows.append({"gid": "pair", "k": '"EURUSD"', "topic": topic, "seq": seq + 1 + n,
                      "raw": json.dumps({"seq": seq + 1 + n}), "proc_ms": ts, "wm": ts,
-                     "mem": [{"i": slot, "ts": ts, "far": None, "num": num, "jv": "1"}]})
+                     "mem": [{"i": slot, "ts": ts, "issue": None, "num": num, "jv": "1"}]})
     return rows
 
 

@@ -292,10 +292,9 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
         }
     }
 
-    /** The dead-letter reason of a row without a usable time (engine/keyed.py `_no_time` writes the same text for the backtest). */
+    /** The dead-letter reason of a row without a usable time that came without one (KeyedRules gives every such row its reason). */
     static String noTime(RuleSpec rule) {
-        String what = rule.usesEventTime ? "timestamp field '" + rule.timestampField + "'" : "processing time";
-        return "missing or unparseable " + what + " needed by " + rule.ruleType + " rule";
+        return ruleplatform.rules.KeyedRules.noTime(rule.ruleType, rule.usesEventTime, rule.timestampField);
     }
 
     /**

@@ -104,7 +104,7 @@ public final class Evaluate {
     static final DataType MEMBER = DataTypes.createStructType(new org.apache.spark.sql.types.StructField[] {
         DataTypes.createStructField("i", DataTypes.IntegerType, false),
         DataTypes.createStructField("ts", DataTypes.LongType, true),
-        DataTypes.createStructField("far", DataTypes.StringType, true),
+        DataTypes.createStructField("issue", DataTypes.StringType, true),
         DataTypes.createStructField("num", DataTypes.DoubleType, true),
         DataTypes.createStructField("jv", DataTypes.StringType, true),
     });
@@ -167,7 +167,7 @@ public final class Evaluate {
             Row[] members = new Row[g.members.size()];
             for (int k = 0; k < members.length; k++) {
                 KeyedRules.Member m = g.members.get(k);
-                members[k] = RowFactory.create(m.index, m.ts, m.far, m.num, m.json);
+                members[k] = RowFactory.create(m.index, m.ts, m.issue, m.num, m.json);
             }
             groups[i] = RowFactory.create(g.gid, g.key, g.wm, members);
         }

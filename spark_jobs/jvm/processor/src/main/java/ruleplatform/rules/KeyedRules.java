@@ -23,8 +23,8 @@ import org.apache.spark.unsafe.types.VariantVal;
  * What "enters" means is docs/rule-language.md's: the row's source (topic, and for a
  * routed row the velocity rule it follows) and conditions pass, the value it aggregates
  * is there (as a number where it needs one) and the key is there. A row enters without a
- * usable time too; the operator dead-letters it with the reason (`far`, or a missing or
- * unparseable time).
+ * usable time too, with the reason (`issue`: a time too far ahead, or a missing or
+ * unparseable one, `noTime`) that the operator and the backtest dead-letter it with.
  */
 public final class KeyedRules {
     /** Which operator of the live chain judges a row: the first, or the second (correlation rules fed by a velocity rule). */
@@ -48,6 +48,7 @@ public final class KeyedRules {
         final String valText;
         final String valNeed; // num | json | none
         final boolean keepJson;
+        final String noTime;
 
         Row(int index, JsonNode n) {
             this.index = index;
@@ -64,21 +65,33 @@ public final class KeyedRules {
             valText = n.path("val_text").asText(null);
             valNeed = n.get("val_need").asText();
             keepJson = n.get("keep_json").asBoolean();
+            noTime = noTime(rule.get("rule_type").asText(), rule.get("uses_event_time").asBoolean(),
+                rule.path("timestamp_field").asText(null));
         }
+    }
+
+    /**
+     * The dead-letter reason of a row without a usable time: the one definition, which the
+     * live operator (DetectionProcessor) and the backtest (engine/keyed.py) both report.
+     */
+    public static String noTime(String ruleType, boolean usesEventTime, String timestampField) {
+        String what = usesEventTime ? "timestamp field '" + timestampField + "'" : "processing time";
+        return "missing or unparseable " + what + " needed by " + ruleType + " rule";
     }
 
     /** An entered row: the row's index in the version, and what it reads of the event. */
     public static final class Member {
         public final int index;
         public final Long ts;
-        public final String far;
+        /** Why the row has no usable time (null: `ts` is usable). */
+        public final String issue;
         public final Double num;
         public final String json;
 
-        Member(int index, Long ts, String far, Double num, String json) {
+        Member(int index, Long ts, String issue, Double num, String json) {
             this.index = index;
             this.ts = ts;
-            this.far = far;
+            this.issue = issue;
             this.num = num;
             this.json = json;
         }
@@ -189,22 +202,17 @@ public final class KeyedRules {
             }
             boolean valueThere = "num".equals(r.valNeed) ? r.val == null || num != null
                 : !"json".equals(r.valNeed) || r.val == null || x.present();
-            Long ts;
-            String far = null;
-            if (r.eventTime) {
-                ts = r.ts == null ? null : e.value(r.ts).timeMs();
-                if (ts != null && procMs != null && maxAheadMs >= 0 && ts > procMs + maxAheadMs) {
-                    far = "event time more than " + maxAheadMs + " ms ahead of the record's broker timestamp";
-                }
-            } else {
-                ts = procMs;
+            Long ts = r.eventTime ? (r.ts == null ? null : e.value(r.ts).timeMs()) : procMs;
+            String issue = ts == null ? r.noTime : null;
+            if (r.eventTime && ts != null && procMs != null && maxAheadMs >= 0 && ts > procMs + maxAheadMs) {
+                issue = "event time more than " + maxAheadMs + " ms ahead of the record's broker timestamp";
             }
             if (!valueThere) {
                 continue;
             }
             byGroup.computeIfAbsent(r.gid, g -> new ArrayList<>())
-                .add(new Member(r.index, ts, far, num, r.keepJson && r.val != null ? x.json() : null));
-            if (r.eventTime && ts != null && far == null) {
+                .add(new Member(r.index, ts, issue, num, r.keepJson && r.val != null ? x.json() : null));
+            if (r.eventTime && issue == null) {
                 newest.merge(r.gid, ts, Math::max);
             }
         }
