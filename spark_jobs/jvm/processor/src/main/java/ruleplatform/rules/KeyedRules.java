@@ -131,24 +131,26 @@ public final class KeyedRules {
 
     private final Row[] rows;
     /** Rows by stage NUL topic NUL route_from: indexed as the threshold rules are. */
-    private final Map<String, RuleSet.Topic> sources = new HashMap<>();
+    private final Map<String, RuleSet.Topic> sources;
     /** The topics whose events the second operator's correlation rules read as context. */
     private final Set<String> contextTopics = new HashSet<>();
 
     KeyedRules(JsonNode spec) {
         rows = new Row[spec.size()];
+        Map<String, List<RuleSet.Rule>> bySource = new HashMap<>();
         for (int i = 0; i < rows.length; i++) {
             Row r = new Row(i, spec.get(i));
             rows[i] = r;
             JsonNode from = spec.get(i).get("route_from");
             String routeFrom = from == null || from.isNull() ? null : from.asText();
             String topic = spec.get(i).get("topic").asText();
-            sources.computeIfAbsent(source(r.stage, topic, routeFrom), x -> new RuleSet.Topic())
+            bySource.computeIfAbsent(source(r.stage, topic, routeFrom), x -> new ArrayList<>())
                 .add(new RuleSet.Rule(i, r.ruleId, r.conditions));
             if (SECOND.equals(r.stage) && "context".equals(r.role) && routeFrom == null) {
                 contextTopics.add(topic);
             }
         }
+        sources = RuleSet.indexed(bySource);
     }
 
     private static String source(String stage, String topic, String routeFrom) {
@@ -181,7 +183,6 @@ public final class KeyedRules {
         }
         RuleSet.Event e = new RuleSet.Event(new Variant(v.getValue(), v.getMetadata()));
         List<RuleSet.Rule> tested = t.candidates(e);
-        tested.sort((a, b) -> Integer.compare(a.index, b.index)); // the spec's order, as members and reasons go
         List<String> blockedBy = new ArrayList<>();
         List<String> notNumber = new ArrayList<>();
         Map<String, List<Member>> byGroup = new LinkedHashMap<>();

@@ -10,6 +10,7 @@ import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import org.apache.spark.types.variant.Variant;
+import org.apache.spark.types.variant.VariantBuilder;
 import org.apache.spark.unsafe.types.VariantVal;
 
 /**
@@ -43,12 +44,35 @@ public final class RuleSet {
         final List<Map<String, List<Rule>>> byValue = new ArrayList<>();
         final List<Rule> always = new ArrayList<>();
 
-        void add(Rule r) {
+        /** One source's rules, indexed; `rules` in the spec's order. */
+        Topic(List<Rule> rules) {
+            Map<String, Integer> shared = new HashMap<>(); // rules per (path, value) equality
+            for (Rule r : rules) {
+                for (Condition c : r.conditions) {
+                    if (isIndexable(c)) {
+                        shared.merge(indexKey(c), 1, Integer::sum);
+                    }
+                }
+            }
+            for (Rule r : rules) {
+                add(r, shared);
+            }
+        }
+
+        /**
+         * Index `r` under the string equality that the fewest of the topic's rules share
+         * (`shared`: rules per path and value), the first of equals: a rule that asks for
+         * one user and one event type waits under its user, not with every rule of that
+         * type. Which equality indexes a rule only decides which rules an event meets; each
+         * is still tested whole.
+         */
+        private void add(Rule r, Map<String, Integer> shared) {
             Condition eq = null;
+            int fewest = Integer.MAX_VALUE;
             for (Condition c : r.conditions) {
-                if (c.kind == Condition.Kind.STR && "==".equals(c.op)) {
+                if (isIndexable(c) && shared.get(indexKey(c)) < fewest) {
                     eq = c;
-                    break;
+                    fewest = shared.get(indexKey(c));
                 }
             }
             if (eq == null) {
@@ -59,17 +83,35 @@ public final class RuleSet {
             byValue.get(slot).computeIfAbsent(eq.str, k -> new ArrayList<>()).add(r);
         }
 
-        /** The rules `e` could pass: the always-tested ones and those its indexed values select. */
+        /**
+         * The rules `e` could pass, in the spec's order (so what an event is judged by, and
+         * the order of its results, do not depend on which equality indexes a rule): the
+         * always-tested ones and those its indexed values select.
+         */
         List<Rule> candidates(Event e) {
             List<Rule> tested = new ArrayList<>(always);
+            boolean merged = false;
             for (int i = 0; i < indexedPaths.size(); i++) {
                 String s = e.value(indexedPaths.get(i)).string();
                 List<Rule> hits = s == null ? null : byValue.get(i).get(s);
                 if (hits != null) {
+                    merged |= !tested.isEmpty();
                     tested.addAll(hits);
                 }
             }
+            if (merged) {
+                tested.sort((a, b) -> Integer.compare(a.index, b.index));
+            }
             return tested;
+        }
+
+        private static boolean isIndexable(Condition c) {
+            return c.kind == Condition.Kind.STR && "==".equals(c.op);
+        }
+
+        /** Path and value of an indexable equality, as one map key. */
+        private static String indexKey(Condition c) {
+            return String.join("\u0000", c.path) + "\u0001" + c.str;
         }
 
         private int slotOf(String[] path) {
@@ -122,18 +164,36 @@ public final class RuleSet {
         } catch (IOException e) {
             throw new UncheckedIOException(e);
         }
-        Map<String, Topic> topics = new LinkedHashMap<>();
         JsonNode rules = spec.path("threshold");
         String[][] identities = new String[rules.size()][];
+        Map<String, List<Rule>> byTopic = new LinkedHashMap<>();
         for (int i = 0; i < rules.size(); i++) {
             JsonNode r = rules.get(i);
             JsonNode name = r.path("name");
             identities[i] = new String[] {r.get("id").asText(), r.path("version").asText(null),
                 name.isTextual() ? name.asText() : null};
-            topics.computeIfAbsent(r.get("topic").asText(), t -> new Topic())
+            byTopic.computeIfAbsent(r.get("topic").asText(), t -> new ArrayList<>())
                 .add(new Rule(i, r.get("id").asText(), Condition.all(r.get("conditions"))));
         }
+        Map<String, Topic> topics = indexed(byTopic);
         return new RuleSet(topics, identities, new KeyedRules(spec.path("keyed")));
+    }
+
+    /**
+     * How many of `topic`'s rules the index has an event (JSON text) meet: what an event
+     * costs, which follows the rules that could match it and not the rule set's size
+     * (tests/integration/test_rule_set_evaluator.py).
+     */
+    public int tried(String topic, String json) throws IOException {
+        Topic t = topics.get(topic);
+        return t == null ? 0 : t.candidates(new Event(VariantBuilder.parseJson(json, false))).size();
+    }
+
+    /** Each source's rules, indexed (Topic). */
+    static <K> Map<K, Topic> indexed(Map<K, List<Rule>> rules) {
+        Map<K, Topic> out = new HashMap<>();
+        rules.forEach((k, rs) -> out.put(k, new Topic(rs)));
+        return out;
     }
 
     /** What the threshold rules made of one event. */
@@ -183,7 +243,6 @@ public final class RuleSet {
         for (int i = 0; i < out.length; i++) {
             out[i] = hits.get(i).index;
         }
-        java.util.Arrays.sort(out);
         return new Judged(out, unread == null ? NONE.unreadable : unread.toArray(new String[0]));
     }
 
