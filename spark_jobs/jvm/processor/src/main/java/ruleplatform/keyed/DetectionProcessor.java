@@ -292,11 +292,6 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
         }
     }
 
-    /** The dead-letter reason of a row without a usable time that came without one (KeyedRules gives every such row its reason). */
-    static String noTime(RuleSpec rule) {
-        return ruleplatform.rules.KeyedRules.noTime(rule.ruleType, rule.usesEventTime, rule.timestampField);
-    }
-
     /**
      * One key's rows of the batch, `v` its stored sub-state: outputs
      * appended to `out`; returns the new sub-state (null: untouched).
@@ -306,8 +301,9 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
         boolean anyTime = false;
         for (Ev r : rows) {
             if (r.ts == null) {
-                // No usable timestamp: the row never touches state.
-                out.add(output("dead", rule, r, null, r.tsIssue != null ? r.tsIssue : noTime(rule)));
+                // No usable timestamp: the row never touches state; the evaluator gave its reason
+                // (KeyedRules.noTime, or too far ahead).
+                out.add(output("dead", rule, r, null, r.tsIssue));
                 continue;
             }
             anyTime = true;

@@ -17,7 +17,6 @@ final class RuleSpec {
     final String signature;
     final boolean velocity;
     final boolean usesEventTime;
-    final String timestampField; // the event's time, named in dead-letter reasons
     final long windowMs;
     final long watermarkDelayMs; // int(rule.watermark_delay * 1000)
     // velocity
@@ -46,7 +45,6 @@ final class RuleSpec {
         signature = n.get("signature").asText();
         velocity = "velocity".equals(ruleType);
         usesEventTime = n.get("uses_event_time").asBoolean();
-        timestampField = text(n, "timestamp_field");
         windowMs = n.get("window_ms").asLong();
         watermarkDelayMs = n.get("watermark_delay_ms").asLong();
         aggregationType = text(n, "aggregation_type");
