@@ -23,7 +23,7 @@ _POMS = (_HERE / "pom.xml", _HERE / "broker" / "pom.xml", _HERE / "spark" / "pom
 MODULES = ("broker", "spark")
 # The live job's JVM keyed operator (module `processor`), built from the Java sources
 # beside this file into the `spark` folder, so spark_jars() hands it to Spark.
-OPERATOR_SOURCES = _HERE / "processor" / "src" / "main" / "java"
+OPERATOR_SOURCES = _HERE / "processor" / "src"
 OPERATOR_JAR = "rule-platform-keyed-operator.jar"
 
 
@@ -44,7 +44,8 @@ def jars_dir() -> Path:
 
 
 def _digest() -> str:
-    """The descriptors' and the operator's Java sources' hash: an edited source rebuilds."""
+    """The descriptors' and the operator's Java sources' hash (its tests' too, which the
+    build runs): an edited source rebuilds."""
     h = hashlib.sha256()
     for pom in _POMS:
         h.update(pom.read_bytes())
