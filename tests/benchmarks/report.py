@@ -166,6 +166,15 @@ BENCHES = {
          ("filesystem_job_jvm_cores", "job JVM cores"), ("filecontext_job_jvm_cores", "FileContext"),
          ("filesystem_batch_ms", "batch ms"), ("filecontext_batch_ms", "FileContext"),
          ("filesystem_wal_commit_ms", "WAL commit ms"), ("filecontext_wal_commit_ms", "FileContext")]),
+    "lane_idle": Bench(
+        "bench_lane_idle.py",
+        "An idle detection job (a threshold rule on each of N one-partition topics, no events) with its threshold "
+        "rules in the micro-batch query and in the real-time lane, which keeps a task per source partition running: "
+        "the job JVM's cores.",
+        f"{PY}bench_lane_idle.py --topics 2 130",
+        [("partitions", "source partitions"), ("seconds", "seconds")],
+        [("micro_batch_job_jvm_cores", "micro-batch: job JVM cores"),
+         ("real_time_job_jvm_cores", "real-time lane: job JVM cores")]),
     "jvm_start": Bench(
         "bench_jvm_start.py",
         "A platform JVM's start with and without its class-data sharing archive (spark_jobs/jvm/class_archive.py, "
