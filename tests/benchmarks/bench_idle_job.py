@@ -20,6 +20,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -61,14 +63,26 @@ def _jvm_of() -> int:
     raise RuntimeError("no detection job JVM")
 
 
-def run(variant: str, bootstrap: str, work: Path, args: argparse.Namespace) -> dict:
-    status = work / "status.json"
-    job = subprocess.Popen([sys.executable, "-c", _JOB, variant, "detect", "--bootstrap", bootstrap,
-                            "--checkpoint", str(work / "checkpoint"), "--status-file", str(status)],
-                           cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+@contextmanager
+def job_jvm(argv: list[str]) -> Iterator[int]:
+    """Start `python argv` (a detection job) and give its driver JVM's pid; on leaving,
+    stop it and wait for that JVM to be gone, so that the next run cannot find it."""
+    job = subprocess.Popen([sys.executable, *argv], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     jvm = 0
     try:
         jvm = _jvm_of()
+        yield jvm
+    finally:
+        job.terminate()
+        job.wait(120)
+        while jvm and Path(f"/proc/{jvm}").exists():
+            time.sleep(0.5)
+
+
+def run(variant: str, bootstrap: str, work: Path, args: argparse.Namespace) -> dict:
+    status = work / "status.json"
+    with job_jvm(["-c", _JOB, variant, "detect", "--bootstrap", bootstrap, "--checkpoint", str(work / "checkpoint"),
+                  "--status-file", str(status)]) as jvm:
         time.sleep(args.warmup)
         tck = os.sysconf("SC_CLK_TCK")
         (b0, f0), c0, t0 = _machine(), _cpu(jvm), time.monotonic()
@@ -82,11 +96,6 @@ def run(variant: str, bootstrap: str, work: Path, args: argparse.Namespace) -> d
             "batch_ms": last.get("batch_duration_ms", {}).get("triggerExecution"),
             "wal_commit_ms": last.get("batch_duration_ms", {}).get("walCommit"),
         }
-    finally:
-        job.terminate()
-        job.wait(120)
-        while jvm and Path(f"/proc/{jvm}").exists():  # the next variant must not find this JVM
-            time.sleep(0.5)
 
 
 def main() -> None:

@@ -12,33 +12,23 @@ topic count, one after the other:
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_idle_job import _cpu, _jvm_of  # noqa: E402
-from record import ROOT, append_result  # noqa: E402
+from bench_idle_job import _cpu, job_jvm  # noqa: E402
+from record import append_result  # noqa: E402
 
 
 def idle_cores(bootstrap: str, lane: str, work: Path, args: argparse.Namespace) -> float:
-    job = subprocess.Popen([sys.executable, "-m", "spark_jobs.cli", "detect", "--bootstrap", bootstrap,
-                            "--checkpoint", str(work / "checkpoint"), "--threshold-lane", lane],
-                           cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    jvm = 0
-    try:
-        jvm = _jvm_of()
+    with job_jvm(["-m", "spark_jobs.cli", "detect", "--bootstrap", bootstrap, "--checkpoint", str(work / "checkpoint"),
+                  "--threshold-lane", lane]) as jvm:
         time.sleep(args.warmup)
         c0, t0 = _cpu(jvm), time.monotonic()
         time.sleep(args.seconds)
         return round((_cpu(jvm) - c0) / (time.monotonic() - t0), 3)
-    finally:
-        job.terminate()
-        job.wait(120)
-        while jvm and Path(f"/proc/{jvm}").exists():  # the next run must not find this JVM
-            time.sleep(0.5)
 
 
 def main() -> None:
