@@ -83,6 +83,21 @@ def _longest_files_first(items) -> None:
 # ----------------------------------------------------------------------------- end Kafka
 
 
+# ----------------------------------------------------------------------------- detection jobs
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_detection_job_outlives_its_module():
+    """A test that fails before it stops its job (tests/detect_harness.py) would leave it
+    running, with its JVM, through every later test of the worker."""
+    yield
+    harness = sys.modules.get("detect_harness")
+    if harness is not None:
+        for job in [j for j in harness.STARTED if j.running()]:
+            job.kill()
+        harness.STARTED.clear()
+
+
 # ----------------------------------------------------------------------------- process guard
 # A test that starts a JVM (Spark, the Kafka broker, Maven) or Airflow carries the marker
 # (spark, kafka, airflow), so `-m "not spark and not kafka and not airflow"` starts none:

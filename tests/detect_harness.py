@@ -19,6 +19,10 @@ from confluent_kafka import Producer
 
 from spark_jobs.kafka.admin import create_topics, read_all
 
+# Every job a test started, so that one a failing test never stopped is killed when its
+# module ends (tests/conftest.py) instead of loading the machine for the rest of the run.
+STARTED: list[DetectJob] = []
+
 
 class DetectJob:
     def __init__(self, bootstrap: str, workdir: Path, sink: str = "events.processed", dlq: str = "events.deadletter",
@@ -49,6 +53,7 @@ class DetectJob:
                "--max-offsets-per-trigger", str(self.max_offsets_per_trigger), *self.extra_args]
         log = self.log.open("ab")
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
+        STARTED.append(self)
         return self.wait_for(lambda s: s.get("state") == "running" and s.get("last_batch_id") is not None, timeout)
 
     def status(self) -> dict:
@@ -93,6 +98,9 @@ class DetectJob:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(pid), signal.SIGKILL)
         self.proc.wait(30)
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
 
     def tail_log(self, n: int = 60) -> str:
         lines = self.log.read_text(errors="replace").splitlines() if self.log.exists() else []
