@@ -53,7 +53,8 @@ class DetectJob:
                "--max-offsets-per-trigger", str(self.max_offsets_per_trigger), *self.extra_args]
         log = self.log.open("ab")
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
-        STARTED.append(self)
+        if self not in STARTED:  # a job started again is one job
+            STARTED.append(self)
         return self.wait_for(lambda s: s.get("state") == "running" and s.get("last_batch_id") is not None, timeout)
 
     def status(self) -> dict:
@@ -65,7 +66,7 @@ class DetectJob:
     def wait_for(self, pred, timeout: float = 120) -> dict:
         deadline = time.time() + timeout
         while time.time() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
+            if self.proc is not None and not self.running():
                 raise RuntimeError(f"detection job exited with {self.proc.returncode}:\n{self.tail_log()}")
             s = self.status()
             if s and pred(s):

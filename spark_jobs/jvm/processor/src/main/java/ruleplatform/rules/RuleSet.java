@@ -70,9 +70,10 @@ public final class RuleSet {
             Condition eq = null;
             int fewest = Integer.MAX_VALUE;
             for (Condition c : r.conditions) {
-                if (isIndexable(c) && shared.get(indexKey(c)) < fewest) {
+                int rules = isIndexable(c) ? shared.get(indexKey(c)) : Integer.MAX_VALUE;
+                if (rules < fewest) {
                     eq = c;
-                    fewest = shared.get(indexKey(c));
+                    fewest = rules;
                 }
             }
             if (eq == null) {
