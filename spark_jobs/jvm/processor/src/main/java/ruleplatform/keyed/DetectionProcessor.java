@@ -32,7 +32,8 @@ import scala.jdk.javaapi.CollectionConverters;
  * of docs/rule-language.md; the backtest (spark_jobs/backtest) must give the same detections.
  *
  * State: one MapState entry per (key, rule) (`key NUL rule_id` -> SubState bytes), so a
- * batch writes only the sub-states it touched, and one
+ * batch writes only the sub-states it touched, with a long window's sealed chunks in
+ * entries of their own (`key NUL rule_id NUL chunk id`: SubState), and one
  * ValueState with the bucket's event-time timer. Expiry is per sub-state (its newest
  * event a full window plus the rule's lateness behind), applied when the bucket's one
  * timer fires at (or before) the earliest expiry.
@@ -209,7 +210,8 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
                 SubState stored;
                 try {
                     byte[] v = subs.getValue(mapKey);
-                    stored = evaluate(rule, e.getValue(), watermark, keyOut, v == null ? null : SubState.decode(v));
+                    stored = evaluate(rule, e.getValue(), watermark, keyOut, v == null ? null : SubState.decode(v),
+                        id -> subs.getValue(chunkKey(mapKey, id)));
                 } catch (RuntimeException exc) {
                     // One key's failure dead-letters that key's rows and keeps its state;
                     // the batch, every other key and rule go on.
@@ -222,6 +224,12 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
                 out.addAll(keyOut);
                 if (stored == null) {
                     continue;
+                }
+                for (int id : stored.dropped) {
+                    subs.removeKey(chunkKey(mapKey, id));
+                }
+                for (SubState.Chunk c : stored.written.values()) {
+                    subs.updateValue(chunkKey(mapKey, c.id), c.encode());
                 }
                 subs.updateValue(mapKey, stored.encode());
                 if (stored.expiry != null && (earliest == null || stored.expiry < earliest)) {
@@ -275,7 +283,7 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
         while (it.hasNext()) {
             Tuple2<String, byte[]> kv = it.next();
             String mk = kv._1();
-            if (!mk.endsWith(suffix)) {
+            if (isChunk(mk) || !mk.endsWith(suffix)) {
                 continue;
             }
             String k = mk.substring(0, mk.length() - suffix.length());
@@ -288,15 +296,37 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
             }
         }
         for (String mk : idle) {
-            subs.removeKey(mk);
+            remove(mk);
         }
+    }
+
+    /** A sealed window chunk's entry: its sub-state's key, NUL, the chunk's id. */
+    private static String chunkKey(String mapKey, int id) {
+        return mapKey + SEP + id;
+    }
+
+    /** Sub-state keys hold one NUL (neither a key's JSON text nor a rule id holds one); chunk keys two. */
+    private static boolean isChunk(String mapKey) {
+        return mapKey.indexOf(SEP) != mapKey.lastIndexOf(SEP);
+    }
+
+    /** A sub-state and its sealed chunks. */
+    private void remove(String mapKey) {
+        byte[] v = subs.getValue(mapKey);
+        if (v != null) {
+            for (SubState.Chunk c : SubState.decode(v).sealed) {
+                subs.removeKey(chunkKey(mapKey, c.id));
+            }
+        }
+        subs.removeKey(mapKey);
     }
 
     /**
      * One key's rows of the batch, `v` its stored sub-state: outputs
      * appended to `out`; returns the new sub-state (null: untouched).
      */
-    private static SubState evaluate(RuleSpec rule, List<Ev> rows, long watermark, List<Row> out, SubState v) {
+    private static SubState evaluate(RuleSpec rule, List<Ev> rows, long watermark, List<Row> out, SubState v,
+                                     SubState.ChunkStore store) {
         List<Ev> fresh = new ArrayList<>();
         boolean anyTime = false;
         for (Ev r : rows) {
@@ -321,12 +351,10 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
         }
         fresh.sort(Ev::byTsSeq);
         SubState st = v == null ? new SubState() : v;
+        st.store = store;
         if (st.signature != null && !st.signature.equals(rule.signature)) {
             // New conditions, grouping or value fields: old entries no longer qualify.
-            st.ts = new long[0];
-            st.num = null;
-            st.jv = null;
-            st.sum = null;
+            st.clearWindow();
             st.context = new ArrayList<>();
             st.pending = new ArrayList<>();
             st.prevAbove = null;
@@ -443,6 +471,9 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
         scala.collection.Iterator<Tuple2<String, byte[]>> it = subs.iterator();
         while (it.hasNext()) {
             Tuple2<String, byte[]> kv = it.next();
+            if (isChunk(kv._1())) {
+                continue;
+            }
             Long expiry = SubState.header(kv._2())[1];
             if (expiry != null && expiry <= watermark) {
                 expired.add(kv._1());
@@ -451,7 +482,7 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
             }
         }
         for (String mk : expired) {
-            subs.removeKey(mk);
+            remove(mk);
         }
         // Spark deletes the fired timer after this returns; `earliest` > watermark >= it.
         if (earliest != null) {

@@ -28,6 +28,13 @@ import java.util.Map;
 final class Velocity {
     private Velocity() {}
 
+    /** A window's values by index: the backtest's columns, or the live state's (SubState.Column). */
+    interface Values {
+        double num(int i);
+
+        String jv(int i);
+    }
+
     static List<Emit> step(RuleSpec rule, SubState st, List<Ev> rows) {
         List<Emit> emits = new ArrayList<>();
         int n = rows.size();
@@ -37,21 +44,28 @@ final class Velocity {
         String kind = rule.aggregationType;
         boolean nums = !"count".equals(kind) && !"distinct_count".equals(kind);
         boolean texts = "distinct_count".equals(kind);
+        int m = st.size();
+        long newest = m > 0 ? st.newest() : 0L;
+        long first = rows.get(0).ts;
+        // The rows merge into the open part; sealed chunks with events after the first
+        // row are opened again (rows out of order by more than the open part holds).
+        st.unseal(first);
+        int base = st.sealedSize();
         long[] old = st.ts;
-        int m = old.length;
-        long[] ts = new long[m + n];
-        double[] num = nums ? new double[m + n] : null;
-        String[] jv = texts ? new String[m + n] : null;
+        int mo = old.length;
+        long[] ts = new long[mo + n];
+        double[] num = nums ? new double[mo + n] : null;
+        String[] jv = texts ? new String[mo + n] : null;
         int[] pos = new int[n];
         int o = 0;
         for (int i = 0; i < n; i++) {
             long t = rows.get(i).ts;
-            while (o < m && old[o] <= t) { // bisect_right: after stored rows of equal time
+            while (o < mo && old[o] <= t) { // bisect_right: after stored rows of equal time
                 copyOld(st, o, o + i, ts, num, jv);
                 o++;
             }
             int p = o + i;
-            pos[i] = p;
+            pos[i] = base + p;
             Ev r = rows.get(i);
             ts[p] = t;
             if (num != null) {
@@ -61,27 +75,35 @@ final class Velocity {
                 jv[p] = r.jv;
             }
         }
-        for (; o < m; o++) {
+        for (; o < mo; o++) {
             copyOld(st, o, o + n, ts, num, jv);
         }
+        st.ts = ts;
+        st.num = num;
+        st.jv = jv;
 
-        Window w = new Window(kind, num, jv);
+        SubState.Column col = st.column();
+        Window w = new Window(kind, col);
         long size = rule.windowMs;
-        int lo = 0;
-        int hi = 0; // next index to enter
+        int lo;
+        int hi; // next index to enter
         if (st.sum != null && m > 0 && pos[0] == m) {
             // In order: the stored window [sumFrom, m) is the last one judged; go on from it.
             w.restore(st.sum);
             lo = st.sumFrom;
             hi = m;
+        } else {
+            // The first row's window: what is before it would enter and leave at once.
+            lo = col.firstAfter(first - size);
+            hi = lo;
         }
-        Crossing crossing = new Crossing(st.prevAbove, m > 0, m > 0 ? old[m - 1] : 0L);
+        Crossing crossing = new Crossing(st.prevAbove, m > 0, newest);
         for (int i = 0; i < n; i++) {
-            long t = ts[pos[i]];
+            long t = rows.get(i).ts;
             while (hi <= pos[i]) {
                 w.enter(hi++);
             }
-            while (lo < hi && ts[lo] <= t - size) {
+            while (lo < hi && col.ts(lo) <= t - size) {
                 w.leave(lo++);
             }
             double agg = w.value(hi - lo);
@@ -92,14 +114,12 @@ final class Velocity {
             }
         }
         st.prevAbove = crossing.prev;
-        st.ts = ts;
-        st.num = num;
-        st.jv = jv;
         // The window of the newest row, kept when it reaches the column's end (no stored row
         // newer than the batch's last).
         boolean sums = "sum".equals(kind) || "avg".equals(kind);
-        st.sum = sums && hi == ts.length ? w.saved() : null;
+        st.sum = sums && hi == col.size() ? w.saved() : null;
         st.sumFrom = lo;
+        st.seal();
         return emits;
     }
 
@@ -115,11 +135,7 @@ final class Velocity {
 
     /** Forget entries no future event can see: ts <= horizon - window. */
     static void evict(SubState st, RuleSpec rule, long horizonMs) {
-        long cut = horizonMs - rule.windowMs;
-        int i = 0;
-        while (i < st.ts.length && st.ts[i] <= cut) {
-            i++;
-        }
+        int i = st.evict(horizonMs - rule.windowMs);
         if (i == 0) {
             return;
         }
@@ -131,13 +147,6 @@ final class Velocity {
             } else {
                 st.sum = null;
             }
-        }
-        st.ts = java.util.Arrays.copyOfRange(st.ts, i, st.ts.length);
-        if (st.num != null) {
-            st.num = java.util.Arrays.copyOfRange(st.num, i, st.num.length);
-        }
-        if (st.jv != null) {
-            st.jv = java.util.Arrays.copyOfRange(st.jv, i, st.jv.length);
         }
     }
 
@@ -192,8 +201,7 @@ final class Velocity {
      */
     static final class Window {
         final String kind;
-        final double[] num;
-        final String[] jv;
+        final Values at;
         // sum / avg: the exact sum of the finite values, and the non-finite values'
         BigDecimal sum = BigDecimal.ZERO;
         int values; // values present (not NaN)
@@ -205,10 +213,24 @@ final class Velocity {
         // distinct_count
         final Map<String, Integer> counts = new HashMap<>();
 
+        /** Over columns in memory (the backtest's). */
         Window(String kind, double[] num, String[] jv) {
+            this(kind, new Values() {
+                @Override
+                public double num(int i) {
+                    return num[i];
+                }
+
+                @Override
+                public String jv(int i) {
+                    return jv[i];
+                }
+            });
+        }
+
+        Window(String kind, Values at) {
             this.kind = kind;
-            this.num = num;
-            this.jv = jv;
+            this.at = at;
         }
 
         void enter(int i) {
@@ -216,24 +238,24 @@ final class Velocity {
                 case "count":
                     return;
                 case "distinct_count":
-                    counts.merge(jv[i], 1, Integer::sum);
+                    counts.merge(at.jv(i), 1, Integer::sum);
                     return;
                 case "min":
                 case "max": {
-                    double x = num[i];
+                    double x = at.num(i);
                     if (x != x) {
                         return;
                     }
                     boolean min = "min".equals(kind);
                     // keep the earliest of equal values at the front, as min()/max() return the first
-                    while (!mono.isEmpty() && (min ? num[mono.peekLast()] > x : num[mono.peekLast()] < x)) {
+                    while (!mono.isEmpty() && (min ? at.num(mono.peekLast()) > x : at.num(mono.peekLast()) < x)) {
                         mono.pollLast();
                     }
                     mono.addLast(i);
                     return;
                 }
                 default:
-                    add(num[i], 1);
+                    add(at.num(i), 1);
             }
         }
 
@@ -242,7 +264,7 @@ final class Velocity {
                 case "count":
                     return;
                 case "distinct_count": {
-                    String k = jv[i];
+                    String k = at.jv(i);
                     int c = counts.get(k) - 1;
                     if (c == 0) {
                         counts.remove(k);
@@ -258,7 +280,7 @@ final class Velocity {
                     }
                     return;
                 default:
-                    add(num[i], -1);
+                    add(at.num(i), -1);
             }
         }
 
@@ -302,7 +324,7 @@ final class Velocity {
                     if (mono.isEmpty()) {
                         throw new EvaluationError(kind + " of a window with no values");
                     }
-                    return num[mono.peekFirst()];
+                    return at.num(mono.peekFirst());
                 default: {
                     double special = 0.0;
                     double infSum = 0.0;

@@ -94,6 +94,12 @@ class SubStateFormatTest {
                 rnd.nextInt(3));
             s.sumFrom = rnd.nextInt(n + 1);
         }
+        if (withSum && rnd.nextInt(3) == 0) {
+            for (int i = rnd.nextInt(5); i > 0; i--) {
+                long first = rnd.nextLong() >> 8;
+                s.sealed.add(new SubState.Chunk(rnd.nextInt(1000), 1 + rnd.nextInt(600), first, first + rnd.nextInt(9999)));
+            }
+        }
         return s;
     }
 
@@ -121,22 +127,7 @@ class SubStateFormatTest {
         optLong(o, s.expiry);
         string(o, s.signature);
         o.writeByte(s.prevAbove == null ? 2 : s.prevAbove ? 1 : 0);
-        o.writeInt(s.ts.length);
-        for (long t : s.ts) {
-            o.writeLong(t);
-        }
-        o.writeBoolean(s.num != null);
-        if (s.num != null) {
-            for (double x : s.num) {
-                o.writeLong(Double.doubleToRawLongBits(x));
-            }
-        }
-        o.writeBoolean(s.jv != null);
-        if (s.jv != null) {
-            for (String x : s.jv) {
-                string(o, x);
-            }
-        }
+        window(o, s.ts, s.num, s.jv);
         for (List<Ev> rows : List.of(s.context, s.pending)) {
             o.writeInt(rows.size());
             for (Ev e : rows) {
@@ -163,9 +154,56 @@ class SubStateFormatTest {
                 o.writeInt(s.sum.posInf);
                 o.writeInt(s.sum.negInf);
             }
+            if (!s.sealed.isEmpty()) { // chunks came after the sum
+                o.writeBoolean(true);
+                o.writeInt(s.sealed.size());
+                for (SubState.Chunk c : s.sealed) {
+                    o.writeInt(c.id);
+                    o.writeInt(c.n);
+                    o.writeLong(c.firstTs);
+                    o.writeLong(c.lastTs);
+                }
+            }
         }
         o.flush();
         return bytes.toByteArray();
+    }
+
+    /** A window's columns: the open part inside a sub-state, and a sealed chunk's whole entry. */
+    private static void window(DataOutputStream o, long[] ts, double[] num, String[] jv) throws IOException {
+        o.writeInt(ts.length);
+        for (long t : ts) {
+            o.writeLong(t);
+        }
+        o.writeBoolean(num != null);
+        if (num != null) {
+            for (double x : num) {
+                o.writeLong(Double.doubleToRawLongBits(x));
+            }
+        }
+        o.writeBoolean(jv != null);
+        if (jv != null) {
+            for (String x : jv) {
+                string(o, x);
+            }
+        }
+    }
+
+    @Test
+    void aSealedChunkIsItsColumnsLaidOutAsTheOpenPart() throws IOException {
+        Random rnd = new Random(11L);
+        for (int k = 0; k < 300; k++) {
+            SubState s = randomState(rnd, false);
+            SubState.Chunk c = new SubState.Chunk(k, s.ts.length, 0L, 0L);
+            c.ts = s.ts;
+            c.num = s.num;
+            c.jv = s.jv;
+            ByteArrayOutputStream bytes = new ByteArrayOutputStream();
+            DataOutputStream o = new DataOutputStream(bytes);
+            window(o, s.ts, s.num, s.jv);
+            o.flush();
+            assertArrayEquals(bytes.toByteArray(), c.encode(), "chunk " + k);
+        }
     }
 
     private static void optLong(DataOutputStream o, Long v) throws IOException {
@@ -201,6 +239,12 @@ class SubStateFormatTest {
         }
         assertArrayEquals(want.jv, got.jv, what);
         rowsEqual(want.context, got.context, what);
+        assertEquals(want.sealed.size(), got.sealed.size(), what);
+        for (int i = 0; i < want.sealed.size(); i++) {
+            SubState.Chunk a = want.sealed.get(i);
+            SubState.Chunk b = got.sealed.get(i);
+            assertArrayEquals(new long[] {a.id, a.n, a.firstTs, a.lastTs}, new long[] {b.id, b.n, b.firstTs, b.lastTs}, what);
+        }
         rowsEqual(want.pending, got.pending, what);
         if (want.sum == null) {
             assertNull(got.sum, what);
