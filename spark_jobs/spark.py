@@ -93,12 +93,32 @@ STATIC_CONF = {"spark.sql.codegen.cache.maxEntries": "1000"}
 # pyspark has none), starts a process for each permission it sets (`chmod`) and each
 # link it checks (`readlink`, several per file renamed into place): dozens of processes
 # per micro-batch, each a fork of the driver's JVM. Hadoop's FileSystem API renames
-# without link checks (local renames are atomic), which leaves one `chmod` per file. Not
-# for checkpoints on HDFS or an object store, where FileContext's rename is the safe one.
+# without link checks (local renames are atomic), which leaves one `chmod` per file
+# (checksum files included), the driver's offsets and commits and each state store's
+# changelog; on a local master the platform's local file system (FORKLESS_LOCAL_FS)
+# sets those permissions through java.nio instead (bench_idle_job.py). Not for
+# checkpoints on HDFS or an object store, where FileContext's rename is the safe one.
 LOCAL_CHECKPOINT_CONF = {
     "spark.sql.streaming.checkpointFileManagerClass":
         "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager",
 }
+FORKLESS_LOCAL_FS: str | None = "ruleplatform.fs.ForklessLocalFileSystem"
+
+
+def local_checkpoint_conf(master: str | None) -> dict[str, str]:
+    """LOCAL_CHECKPOINT_CONF, and on a local master (driver and executors one JVM) the
+    platform's local file system. Hadoop makes its `file:` file system while the JVM
+    starts, before `spark.jars` reach a class loader, so its jar goes on the driver's
+    class path; a cluster's executors keep Hadoop's own, as does a driver that
+    spark-submit started (its class path is fixed by then)."""
+    from spark_jobs.jvm import OPERATOR_JAR, module_jars
+
+    conf = dict(LOCAL_CHECKPOINT_CONF)
+    master = master or os.environ.get("SPARK_MASTER") or DEFAULT_MASTER
+    if FORKLESS_LOCAL_FS and master.startswith("local") and not os.environ.get("PYSPARK_GATEWAY_PORT"):
+        conf["spark.hadoop.fs.file.impl"] = FORKLESS_LOCAL_FS
+        conf["spark.driver.extraClassPath"] = next(str(p) for p in module_jars("spark") if p.name == OPERATOR_JAR)
+    return conf
 
 
 REMOTE_ENV = "SPARK_REMOTE"

@@ -103,7 +103,7 @@ def run(cfg: ArchiveConfig, stop: threading.Event | None = None) -> int:
     """Run until SIGTERM/SIGINT (or `stop`); 0 on a requested stop, 1 when the query
     failed (the supervisor restarts the job; the checkpoint makes that safe)."""
     from spark_jobs.archive.table import write_conf
-    from spark_jobs.spark import LOCAL_CHECKPOINT_CONF, session
+    from spark_jobs.spark import local_checkpoint_conf, session
 
     stop = stop or threading.Event()
     if threading.current_thread() is threading.main_thread():
@@ -114,7 +114,7 @@ def run(cfg: ArchiveConfig, stop: threading.Event | None = None) -> int:
     status.update()
     # The archive's row groups (table.write_conf) unless the settings' own conf says otherwise.
     spark = session("event-archive", master=cfg.master,
-                    extra={**LOCAL_CHECKPOINT_CONF, **write_conf(), **cfg.extra_conf}, streaming=True)
+                    extra={**local_checkpoint_conf(cfg.master), **write_conf(), **cfg.extra_conf}, streaming=True)
     query = start_query(spark, cfg)
     status.update(state="running", query_id=str(query.id), run_id=str(query.runId))
     log.info("archive job started: query %s, %s -> %s", query.id, ",".join(cfg.topics), cfg.table)

@@ -754,7 +754,7 @@ def run(cfg: DetectConfig, stop: threading.Event | None = None) -> int:
     records quarantined to the dead-letter topic (quarantine.py); exit 1 only when a
     failure is not a batch's or survives the quarantine.
     """
-    from spark_jobs.spark import LOCAL_CHECKPOINT_CONF, session
+    from spark_jobs.spark import local_checkpoint_conf, session
 
     stop = stop or threading.Event()
     if threading.current_thread() is threading.main_thread():
@@ -769,13 +769,14 @@ def run(cfg: DetectConfig, stop: threading.Event | None = None) -> int:
     registry.start()
     delay = job_watermark_delay_s(list(registry.current().rules.values()))
     topics = source_topics(cfg, registry.current().topics())
-    spark = session("detection-job", master=_master(cfg, topics), streaming=True, extra={
+    master = _master(cfg, topics)
+    spark = session("detection-job", master=master, streaming=True, extra={
         "spark.sql.streaming.stateStore.providerClass": STATE_STORE,
         # Each micro-batch writes a changelog of the keys it changed per state partition;
         # a full RocksDB snapshot (checkpoint, zip, upload) is made in the background every
         # few batches instead of at every batch, on the batch's path.
         "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
-        **LOCAL_CHECKPOINT_CONF,
+        **local_checkpoint_conf(master),
         "spark.sql.streaming.noDataMicroBatches.enabled": "true",
     })
     quarantine = Quarantine(cfg.checkpoint)
