@@ -372,7 +372,6 @@ def test_a_long_window_is_kept_in_chunks_across_a_restart(spark, tmp_path: Path)
     # Three sub-states and the bucket's timer, plus the long windows' chunks: each keeps
     # at most ~3,000 events (the window, the watermark's 5 s and a batch), 512 a chunk
     # and the newest up to 1,023 open; 7,000 events went through it.
-    print("state entries by batch:", entries)
     assert max(entries) > 3 * 3, entries
     assert max(entries) <= 4 + 3 * (3_100 // 512 + 1), entries
 

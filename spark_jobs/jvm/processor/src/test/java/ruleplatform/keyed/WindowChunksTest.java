@@ -27,7 +27,7 @@ class WindowChunksTest {
 
     /** A sub-state stored as the operator stores it: its own bytes and its chunks by id. */
     private static final class Stored {
-        final int chunkSize;
+        int chunkSize;
         byte[] bytes;
         final Map<Integer, byte[]> chunks = new HashMap<>();
         int reads;
@@ -92,6 +92,7 @@ class WindowChunksTest {
             RuleSpec rule = rule(kind, window, threshold, rnd.nextBoolean());
             Stored whole = new Stored(Integer.MAX_VALUE / 4);
             Stored chunked = new Stored(1 + rnd.nextInt(6));
+            boolean varying = rnd.nextBoolean(); // chunks of several sizes in one window
             long clock = 1_000_000L;
             long seq = 0;
             for (int batch = 0; batch < 40; batch++) {
@@ -108,6 +109,9 @@ class WindowChunksTest {
                 rows.sort(Ev::byTsSeq);
                 long horizon = clock - rnd.nextInt(60);
                 String what = "run " + run + " batch " + batch + " " + kind;
+                if (varying) {
+                    chunked.chunkSize = 1 + rnd.nextInt(8);
+                }
                 SubState a = whole.read();
                 SubState b = chunked.read();
                 List<Emit> ea;
