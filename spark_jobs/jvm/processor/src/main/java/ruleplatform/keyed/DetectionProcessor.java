@@ -278,7 +278,7 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
         }
         long horizon = now - rule.windowMs;
         String suffix = SEP + rule.ruleId;
-        List<String> idle = new ArrayList<>();
+        Map<String, byte[]> idle = new LinkedHashMap<>();
         scala.collection.Iterator<Tuple2<String, byte[]>> it = subs.iterator();
         while (it.hasNext()) {
             Tuple2<String, byte[]> kv = it.next();
@@ -292,12 +292,10 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
             }
             Long maxTs = SubState.header(kv._2())[0];
             if (maxTs != null && maxTs <= horizon) {
-                idle.add(mk);
+                idle.put(mk, kv._2());
             }
         }
-        for (String mk : idle) {
-            remove(mk);
-        }
+        idle.forEach(this::remove);
     }
 
     /** A sealed window chunk's entry: its sub-state's key, NUL, the chunk's id. */
@@ -310,13 +308,10 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
         return mapKey.indexOf(SEP) != mapKey.lastIndexOf(SEP);
     }
 
-    /** A sub-state and its sealed chunks. */
-    private void remove(String mapKey) {
-        byte[] v = subs.getValue(mapKey);
-        if (v != null) {
-            for (SubState.Chunk c : SubState.decode(v).sealed) {
-                subs.removeKey(chunkKey(mapKey, c.id));
-            }
+    /** A sub-state (`stored`: its bytes, as the sweep read them) and its sealed chunks. */
+    private void remove(String mapKey, byte[] stored) {
+        for (SubState.Chunk c : SubState.decode(stored).sealed) {
+            subs.removeKey(chunkKey(mapKey, c.id));
         }
         subs.removeKey(mapKey);
     }
@@ -467,7 +462,7 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
                                                              ExpiredTimerInfo expiredTimerInfo) {
         long watermark = timerValues.getCurrentWatermarkInMs();
         Long earliest = null;
-        List<String> expired = new ArrayList<>();
+        Map<String, byte[]> expired = new LinkedHashMap<>();
         scala.collection.Iterator<Tuple2<String, byte[]>> it = subs.iterator();
         while (it.hasNext()) {
             Tuple2<String, byte[]> kv = it.next();
@@ -476,14 +471,12 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
             }
             Long expiry = SubState.header(kv._2())[1];
             if (expiry != null && expiry <= watermark) {
-                expired.add(kv._1());
+                expired.put(kv._1(), kv._2());
             } else if (expiry != null && (earliest == null || expiry < earliest)) {
                 earliest = expiry;
             }
         }
-        for (String mk : expired) {
-            remove(mk);
-        }
+        expired.forEach(this::remove);
         // Spark deletes the fired timer after this returns; `earliest` > watermark >= it.
         if (earliest != null) {
             getHandle().registerTimer(earliest);

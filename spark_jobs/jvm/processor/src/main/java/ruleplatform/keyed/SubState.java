@@ -297,11 +297,8 @@ final class SubState {
 
     /** While the open part holds two chunks' worth, its oldest chunkSize events are sealed. */
     void seal() {
-        int k = 0;
-        while (ts.length - k * chunkSize >= 2 * chunkSize) {
-            k++;
-        }
-        if (k == 0) {
+        int k = ts.length / chunkSize - 1; // leaves chunkSize to 2 * chunkSize - 1 open
+        if (k <= 0) {
             return;
         }
         Set<Integer> used = new HashSet<>();
@@ -383,16 +380,18 @@ final class SubState {
     /** The window by index: [0, sealedSize) in the chunks, the rest in the open part. */
     final class Column implements Velocity.Values {
         private final int[] starts = new int[sealed.size() + 1];
+        private final int base; // sealed events: the open part's first index
         private int cur = -1;
 
         Column() {
             for (int i = 0; i < sealed.size(); i++) {
                 starts[i + 1] = starts[i] + sealed.get(i).n;
             }
+            base = starts[sealed.size()];
         }
 
         int size() {
-            return starts[sealed.size()] + ts.length;
+            return base + ts.length;
         }
 
         /** The chunk holding index i (i below sealedSize), read if it was not. */
@@ -406,13 +405,11 @@ final class SubState {
         }
 
         long ts(int i) {
-            int base = starts[sealed.size()];
             return i >= base ? ts[i - base] : at(i).ts[i - starts[cur]];
         }
 
         @Override
         public double num(int i) {
-            int base = starts[sealed.size()];
             if (i >= base) {
                 return num == null ? Double.NaN : num[i - base];
             }
@@ -422,7 +419,6 @@ final class SubState {
 
         @Override
         public String jv(int i) {
-            int base = starts[sealed.size()];
             if (i >= base) {
                 return jv == null ? null : jv[i - base];
             }
@@ -442,7 +438,7 @@ final class SubState {
                     return starts[k] + bisectRight(c.ts, c.n, t);
                 }
             }
-            return starts[sealed.size()] + bisectRight(ts, ts.length, t);
+            return base + bisectRight(ts, ts.length, t);
         }
     }
 
