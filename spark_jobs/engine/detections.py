@@ -9,13 +9,15 @@ so downstream consumers can de-duplicate.
 
 from __future__ import annotations
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from spark_jobs.engine.emits import rule_head
+from spark_jobs.spark import jvm_class
 
 DETECTION_COLUMNS = ["detection_id", "rule_id", "rule_version", "rule_type", "topic", "seq", "ts_ms", "value"]
 _SEP = "\u001f"
+CLOCK_CLASS = "ruleplatform.rules.Clock"
 
 
 def detection_id(rule_id: Column, version: Column, topic: Column, raw: Column) -> Column:
@@ -30,20 +32,24 @@ def processed_now() -> Column:
     return F.date_format(F.current_timestamp(), ISO_MILLIS)
 
 
-def processed_clock() -> Column:
+def processed_clock(spark: SparkSession) -> Column:
     """ISO-8601 UTC time of the decision, read from the JVM's clock as the row is
-    rendered: what a streaming query's detections carry.
+    rendered: what a streaming query's detections carry (ruleplatform.rules.Clock).
 
     Not `current_timestamp()`: in a streaming query that is the micro-batch's time, put
     into the generated code as a literal, so the output stage's code (the widest of the
     live job) differed at every micro-batch: Spark compiled it again each time (Janino,
-    35-65 ms), and the new class ran interpreted until the JIT had seen it again.
-    `reflect` is evaluated outside the generated code (the expression is referenced,
-    not inlined), so that code stays the same from batch to batch and Spark's code
-    cache serves it (bench_detect.py, README).
+    35-65 ms), and the new class ran interpreted until the JIT had seen it again. Not
+    `reflect` either, which has no generated code: the projection holding it fell out of
+    whole-stage code generation, and every task generated its source again
+    (tests/integration/test_live_codegen.py).
     """
-    millis = F.reflect(F.lit("java.lang.System"), F.lit("currentTimeMillis")).cast("long")
-    return F.date_format(F.timestamp_millis(millis), ISO_MILLIS)
+    entry = jvm_class(spark, CLOCK_CLASS)
+    if entry is None:
+        raise NotImplementedError("the live clock on Spark Connect")
+    from pyspark.sql.classic.column import Column as ClassicColumn
+
+    return ClassicColumn(entry.processed())
 
 
 def head_of(emits: DataFrame) -> Column:

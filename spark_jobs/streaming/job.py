@@ -297,7 +297,7 @@ def kafka_records(rows: DataFrame, kind: Column, members: Column, cfg: DetectCon
     # code for at every micro-batch.
     rows = rows.select("*", F.when(too_big, cut_event).otherwise(F.col("raw")).alias("_event"),
                        members.alias("_members"))
-    detection = detection_value(F.col("_event"), head_of(rows), F.col("_members"), did, processed_clock())
+    detection = detection_value(F.col("_event"), head_of(rows), F.col("_members"), did, processed_clock(rows.sparkSession))
     raw_cut = raw_bytes > F.lit(DEAD_LETTER_RAW_CHARS)
     dead_value = F.to_json(
         F.struct(F.col("reason").alias("reason"), F.col("rule_id").alias("rule_id"), F.col("topic"), F.col("seq"),
@@ -425,7 +425,8 @@ def build(spark: SparkSession, cfg: DetectConfig, watermark_delay_s: float, topi
     versions = str(cfg.versions_dir)
     first = keyed_operator(stateful_in, versions, place="first")
     out = _chain(first, buckets, versions, max_ahead_ms)
-    out = threshold_detections(out)
+    if not cfg.real_time:  # else no row holds threshold matches: the lane renders them
+        out = threshold_detections(out)
 
     members = F.when(F.col("rule_type") == "threshold", F.lit("")).when(
         F.col("rule_type") == "velocity", velocity_members(F.col("agg_type"), F.col("agg_value"))

@@ -59,19 +59,16 @@ def lane_records(spark: SparkSession, cfg: DetectConfig, topics: list[str],
     judged = judged.observe(LANE_SKIPPED, F.flatten(F.collect_list(
         F.when(F.size("_th.u") > F.lit(0), F.col("_th.u")))).alias("rows"))
     # Per record, its rows: one per threshold rule an event passes, or its dead letter.
-    kinds = "kind string, rule_id string, rule_version string, rule_name string, reason string"
-    passed = F.transform("_th.m", lambda t: F.struct(
-        F.lit("detection").alias("kind"), t["rule_id"].alias("rule_id"), t["rule_version"].alias("rule_version"),
-        t["rule_name"].alias("rule_name"), F.lit(None).cast("string").alias("reason")))
-    dead = F.array(F.struct(F.lit("dead").alias("kind"), *[F.lit(None).cast("string").alias(c) for c in
-                                                           ("rule_id", "rule_version", "rule_name")],
-                            F.col("_reason").alias("reason")))
-    out = judged.select("topic", "seq", "raw", F.explode(
-        F.when(F.col("_reason").isNull(), passed).otherwise(dead).cast(f"array<struct<{kinds}>>")).alias("_t"))
+    # The matches themselves are exploded (no lambda over them, which Spark runs
+    # without generated code); a record that is no event explodes one empty match.
+    no_match = F.array(F.lit(None).cast(judged.schema["_th"].dataType["m"].dataType.elementType))
+    out = judged.select("topic", "seq", "raw", "_reason",
+                        F.explode(F.when(F.col("_reason").isNull(), F.col("_th.m")).otherwise(no_match)).alias("_t"))
+    detection = F.col("_reason").isNull()
     rows = out.select(
-        "_t.kind", "_t.rule_id", "_t.rule_version",
-        F.when(F.col("_t.kind") == F.lit("detection"), F.lit("threshold")).alias("rule_type"),
-        "_t.rule_name", "topic", "seq", "raw", "_t.reason",
+        F.when(detection, F.lit("detection")).otherwise(F.lit("dead")).alias("kind"),
+        "_t.rule_id", "_t.rule_version", F.when(detection, F.lit("threshold")).alias("rule_type"),
+        "_t.rule_name", "topic", "seq", "raw", F.col("_reason").alias("reason"),
     )
     return job.kafka_records(rows, F.col("kind"), F.lit(""), cfg)
 
