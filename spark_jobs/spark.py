@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from py4j.java_gateway import JavaClass
-from pyspark.sql import SparkSession
+from pyspark.sql import Column, SparkSession
 
 DEFAULT_MASTER = "local[2]"
 
@@ -276,3 +276,16 @@ def jvm_class(spark: SparkSession, name: str) -> JavaClass | None:
             "with spark_jobs.spark.session(), which builds the jars with Maven and loads them, or give "
             "spark-submit the jars of spark_jobs.spark.submit_jars_and_conf() (--jars)")
     return entry
+
+
+def jvm_column(spark: SparkSession, name: str, method: str, *args: object, what: str) -> Column:
+    """The column a static method of the platform's JVM class `name` builds from `args`
+    (columns passed as theirs). A classic session only: on Spark Connect, which has no
+    Py4J gateway, it raises NotImplementedError naming `what`."""
+    entry = jvm_class(spark, name)
+    if entry is None:
+        raise NotImplementedError(f"{what} on Spark Connect")
+    from pyspark.sql.classic.column import Column as ClassicColumn
+
+    java = [a._jc if isinstance(a, Column) else a for a in args]  # type: ignore[attr-defined]
+    return ClassicColumn(getattr(entry, method)(*java))

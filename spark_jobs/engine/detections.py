@@ -13,7 +13,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from spark_jobs.engine.emits import rule_head
-from spark_jobs.spark import jvm_class
+from spark_jobs.spark import jvm_column
 
 DETECTION_COLUMNS = ["detection_id", "rule_id", "rule_version", "rule_type", "topic", "seq", "ts_ms", "value"]
 _SEP = "\u001f"
@@ -44,12 +44,7 @@ def processed_clock(spark: SparkSession) -> Column:
     whole-stage code generation, and every task generated its source again
     (tests/integration/test_live_codegen.py).
     """
-    entry = jvm_class(spark, CLOCK_CLASS)
-    if entry is None:
-        raise NotImplementedError("the live clock on Spark Connect")
-    from pyspark.sql.classic.column import Column as ClassicColumn
-
-    return ClassicColumn(entry.processed())
+    return jvm_column(spark, CLOCK_CLASS, "processed", what="the live clock")
 
 
 def head_of(emits: DataFrame) -> Column:

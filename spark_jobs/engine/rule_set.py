@@ -16,7 +16,7 @@ from pyspark.sql import Column, SparkSession
 
 from spark_jobs.engine.conditions import value_spec
 from spark_jobs.rules.model import AnyRule, CorrelationRule, ThresholdRule, VelocityRule, parse_rule
-from spark_jobs.spark import jvm_class
+from spark_jobs.spark import jvm_column
 from spark_jobs.streaming.rules_source import Cond, RuleRow, rule_rows
 
 _SEGMENT = re.compile(r"\['((?:[^'\\]|\\.)*)'\]")
@@ -149,12 +149,7 @@ def thresholds(spark: SparkSession, topic: Column, v: Column, spec: str) -> Colu
     the threshold rules it passes, and `rule id` SKIP_SEP `reason` for each rule only a
     value it cannot read kept it from passing (a classic session: Spark Connect reaches
     the evaluator through its server plugin, `jvm_pass`)."""
-    from pyspark.sql.classic.column import Column as ClassicColumn
-
-    entry = jvm_class(spark, EVALUATOR_CLASS)
-    if entry is None:
-        raise NotImplementedError("the rule-set evaluator on Spark Connect")
-    return ClassicColumn(entry.thresholds(topic._jc, v._jc, spec))
+    return jvm_column(spark, EVALUATOR_CLASS, "thresholds", topic, v, spec, what="the rule-set evaluator")
 
 
 def live_thresholds(spark: SparkSession, topic: Column, v: Column, versions_dir: str) -> Column:
@@ -162,12 +157,8 @@ def live_thresholds(spark: SparkSession, topic: Column, v: Column, versions_dir:
     `thresholds`, the rules named by what they are, judged by the rule-set version of the
     running micro-batch, which the evaluator reads from `versions_dir`
     (streaming/rule_versions.py): the plan does not hold the rules."""
-    from pyspark.sql.classic.column import Column as ClassicColumn
-
-    entry = jvm_class(spark, EVALUATOR_CLASS)
-    if entry is None:
-        raise NotImplementedError("the live rule-set evaluator on Spark Connect")
-    return ClassicColumn(entry.liveThresholds(topic._jc, v._jc, versions_dir))
+    return jvm_column(spark, EVALUATOR_CLASS, "liveThresholds", topic, v, versions_dir,
+                      what="the live rule-set evaluator")
 
 
 def live_keyed(spark: SparkSession, topic: Column, route_from: Column, v: Column, proc_ms: Column,
@@ -179,10 +170,5 @@ def live_keyed(spark: SparkSession, topic: Column, route_from: Column, v: Column
     whether the second operator's correlation rules read it as context
     (ruleplatform.rules.KeyedRules), judged by the version of the running micro-batch,
     as `live_thresholds`."""
-    from pyspark.sql.classic.column import Column as ClassicColumn
-
-    entry = jvm_class(spark, EVALUATOR_CLASS)
-    if entry is None:
-        raise NotImplementedError("the live rule-set evaluator on Spark Connect")
-    return ClassicColumn(entry.liveKeyed(topic._jc, route_from._jc, v._jc, proc_ms._jc, versions_dir, stage,
-                                         max_ahead_ms))
+    return jvm_column(spark, EVALUATOR_CLASS, "liveKeyed", topic, route_from, v, proc_ms, versions_dir, stage,
+                      max_ahead_ms, what="the live rule-set evaluator")

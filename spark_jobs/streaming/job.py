@@ -67,7 +67,7 @@ from spark_jobs.kafka import admin
 from spark_jobs.kafka.client_config import with_bootstrap
 from spark_jobs.kafka.spark_io import read_stream, write_stream
 from spark_jobs.rules.model import job_watermark_delay_s
-from spark_jobs.streaming.jvm_operator import keyed_operator
+from spark_jobs.streaming.jvm_operator import KeyBucketing, keyed_operator
 from spark_jobs.streaming.keyed_input import SKIP_SEP, key_rows
 from spark_jobs.streaming.keyed_rows import OUTPUT_COLUMNS, OUTPUT_SCHEMA, PASS_GID
 from spark_jobs.streaming.quarantine import OffsetRange, Quarantine, quarantine_reason
@@ -171,6 +171,27 @@ def key_buckets(cfg: DetectConfig) -> int:
 
     return int(_recorded(cfg, "key_buckets",
                          lambda: str(cfg.key_buckets or int(os.environ.get(BUCKETS_ENV) or DEFAULT_KEY_BUCKETS)), check))
+
+
+def key_bucketing(cfg: DetectConfig, spark: SparkSession) -> KeyBucketing:
+    """How this checkpoint spreads keys over the keyed operators' groups: its bucket
+    count (`key_buckets`) and, recorded at its first start, the shuffle partitions the
+    buckets are balanced over (Spark keeps a checkpoint's stateful partitioning whatever
+    the session says later). A checkpoint whose query ran before balanced buckets (no
+    balance recorded) keeps plain bucket numbers: its keys' state is under them."""
+    legacy = (cfg.checkpoint / "query").exists()  # only read when no balance is recorded yet
+    count = key_buckets(cfg)
+
+    def check(v: str) -> None:
+        if v != "none" and int(v) < 1:
+            raise ValueError(f"key balance must be 'none' or a partition count >= 1, not {v}")
+
+    balance = _recorded(cfg, "key_balance", lambda: "none" if legacy else str(_shuffle_partitions(spark)), check)
+    return KeyBucketing(count, None if balance == "none" else int(balance))
+
+
+def _shuffle_partitions(spark: SparkSession) -> int:
+    return int(spark.conf.get("spark.sql.shuffle.partitions") or 200)
 
 
 def _cores(spark: SparkSession) -> int:
@@ -378,20 +399,20 @@ def threshold_detections(rows: DataFrame) -> DataFrame:
     ])
 
 
-def _operator_input(rows: DataFrame, buckets: int) -> DataFrame:
+def _operator_input(rows: DataFrame, buckets: KeyBucketing) -> DataFrame:
     """Key rows with `_pass` -> an operator's input: the pass rows' columns spread out,
     and each row's bucket (a pass row's by its event and kind, so pass rows are handed
     on in parallel: PASS_BUCKETS groups)."""
     passes = F.col("gid") == F.lit(PASS_GID)
     return rows.select(
         *[c for c in rows.columns if c not in ("wm", "_pass")], *[F.col(f"_pass.{c}").alias(c) for c in _PASSED],
-        F.when(passes, F.pmod(F.xxhash64("seq", "_pass.kind", "_pass.rule_id"), F.lit(PASS_BUCKETS)))
-        .otherwise(F.pmod(F.xxhash64("k"), F.lit(buckets))).cast("int").alias("bucket"),
+        F.when(passes, F.pmod(F.xxhash64("seq", "_pass.kind", "_pass.rule_id"), F.lit(PASS_BUCKETS)).cast("int"))
+        .otherwise(buckets.bucket(rows.sparkSession, F.col("gid"), F.col("k"))).alias("bucket"),
     )
 
 
 def build(spark: SparkSession, cfg: DetectConfig, watermark_delay_s: float, topics: list[str],
-          rules: Sequence[RuleRow], buckets: int = DEFAULT_KEY_BUCKETS, min_partitions: int = 0,
+          rules: Sequence[RuleRow], buckets: KeyBucketing | None = None, min_partitions: int = 0,
           quarantined: list[OffsetRange] | None = None) -> DataFrame:
     """The whole job as one streaming DataFrame of (topic, key, value) Kafka records:
     every rule judged by the rule-set evaluator with each micro-batch's version of the
@@ -404,7 +425,10 @@ def build(spark: SparkSession, cfg: DetectConfig, watermark_delay_s: float, topi
     planned once per branch (the input scanned and parsed once more per branch).
 
     Records in `quarantined` offset ranges are dead letters, never evaluated (quarantine.py).
+    `buckets`: how keys spread over the keyed operators' groups (default: DEFAULT_KEY_BUCKETS,
+    balanced over the session's shuffle partitions).
     """
+    buckets = buckets or KeyBucketing(DEFAULT_KEY_BUCKETS, _shuffle_partitions(spark))
     raw = classify(_input(spark, cfg, topics, min_partitions, quarantined))
     raw = raw.withColumn("_reason", F.coalesce(F.col("_quarantine"), F.col("_reason")))
 
@@ -447,7 +471,7 @@ _PASSED = [c for c in OUTPUT_COLUMNS if c not in ("topic", "seq", "raw")]
 PASS_BUCKETS = 64
 
 
-def _chain(first: DataFrame, buckets: int, versions_dir: str, max_ahead_ms: int) -> DataFrame:
+def _chain(first: DataFrame, buckets: KeyBucketing, versions_dir: str, max_ahead_ms: int) -> DataFrame:
     """The second operator, present in every plan (with no rules when no correlation
     rule in force is fed by a velocity rule): the fed correlation rules of the batch's
     version on the first operator's routed emits of this micro-batch and on their context records
@@ -674,9 +698,14 @@ def _start_query(spark: SparkSession, cfg: DetectConfig, delay: float, topics: l
     # One scan task per free slot: each task of a stage pays its fixed cost (its plan
     # deserialized, its code generated), so more tasks than slots only add that work
     # (bench_detect.py, docs/benchmarks.md). The real-time lane holds a slot per source
-    # partition the whole time (`_master`).
-    free = _cores(spark) - (_source_partitions(cfg, topics) if cfg.real_time else 0)
-    plan = build(spark, cfg, delay, topics, rows, key_buckets(cfg), min_partitions=max(1, free),
+    # partition the whole time (`_master`). Spark's Kafka source splits a partition's
+    # records only when minPartitions exceeds the partitions that have records, and a
+    # partition with a small share keeps one task (KafkaOffsetRangeCalculator): one busy
+    # partition beside a quiet one (events and their context topic) is split in `free`
+    # tasks with free + partitions - 1.
+    parts = _source_partitions(cfg, topics)
+    free = max(1, _cores(spark) - (parts if cfg.real_time else 0))
+    plan = build(spark, cfg, delay, topics, rows, key_bucketing(cfg, spark), min_partitions=free + parts - 1,
                  quarantined=quarantine.active_ranges())
     query = (
         write_stream(plan, cfg.bootstrap, role=ROLE)
@@ -777,6 +806,15 @@ def run(cfg: DetectConfig, stop: threading.Event | None = None) -> int:
         # a full RocksDB snapshot (checkpoint, zip, upload) is made in the background every
         # few batches instead of at every batch, on the batch's path.
         "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+        # The keyed operators read and write one MapState entry per (key, rule) a batch
+        # touches, a few kilobytes each: RocksDB's gets and puts are most of the first
+        # operator's time. Counting the store's rows (Spark's numRowsTotal metric, which
+        # the job does not report) costs a read before every write; a block cache of 64 MB
+        # (Spark's default is 8 MB, per state store instance) keeps the windows of a few
+        # thousand keys in memory after a snapshot flushed them to files.
+        # docs/decisions/0012-keyed-lane-state-costs.md, bench_detect.py.
+        "spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows": "false",
+        "spark.sql.streaming.stateStore.rocksdb.blockCacheSizeMB": "64",
         **local_checkpoint_conf(master),
         "spark.sql.streaming.noDataMicroBatches.enabled": "true",
     })

@@ -15,13 +15,39 @@ Its state is a MapState entry per key and rule, plus the bucket's timer.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
 
+from spark_jobs.spark import jvm_column
 from spark_jobs.streaming.keyed_rows import CHAINED_SCHEMA, OUTPUT_SCHEMA
 
 OPERATOR_CLASS = "ruleplatform.keyed.KeyedOperator"
+BUCKETS_CLASS = "ruleplatform.keyed.KeyBuckets"
+
+
+@dataclass(frozen=True)
+class KeyBucketing:
+    """How a key group's keys are spread over the operator's groups (gid, bucket): over
+    `count` buckets by the key's hash; with `partitions`, the bucket numbers are the
+    balanced ones for that many shuffle partitions (ruleplatform.keyed.KeyBuckets: each
+    partition gets count/partitions buckets of every key group), else plain 0..count-1,
+    which Spark's hash places where it falls (checkpoints begun before balanced buckets,
+    whose keys' state is under those numbers). Fixed for a checkpoint (job.py
+    `key_bucketing`)."""
+
+    count: int
+    partitions: int | None = None
+
+    def bucket(self, spark: SparkSession, gid: Column, key: Column) -> Column:
+        """int: the bucket of a key row of key group `gid` and key `key`."""
+        hashed = F.xxhash64(key)
+        if self.partitions is None:
+            return F.pmod(hashed, F.lit(self.count)).cast("int")
+        return jvm_column(spark, BUCKETS_CLASS, "balanced", gid, hashed, self.count, self.partitions,
+                          what="balanced key buckets")
 
 
 def keyed_operator(stateful_in: DataFrame, versions_dir: str,

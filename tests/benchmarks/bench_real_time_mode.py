@@ -99,7 +99,7 @@ def main() -> None:
         cfg = DetectConfig(bootstrap=bootstrap, checkpoint=work / "live", sink_topic=OUT, dead_letter_topic=DEAD)
         rows = rows_of(rules, ROUTED_TOPIC)
         def live_plan() -> DataFrame:
-            return build(spark, cfg, 0.0, [TOPIC], rows, buckets=2)
+            return build(spark, cfg, 0.0, [TOPIC], rows)
 
         cases = {
             "stateless (parse, write back)": lambda: events(spark, bootstrap).select(

@@ -51,7 +51,7 @@ def test_micro_batches_reuse_the_plans_compiled_code(spark, kafka_broker, tmp_pa
     rows = rows_of(rules, ROUTED_TOPIC)
     create_topics(kafka_broker.bootstrap, ["cg.out", "cg.dead"])
     produce(kafka_broker.bootstrap, "cg.events", _events(0))
-    plan = build(spark, cfg, 0.0, ["cg.events"], rows, buckets=2)
+    plan = build(spark, cfg, 0.0, ["cg.events"], rows)
     with job_state_store(spark):
         query = (write_stream(plan, cfg.bootstrap).option("checkpointLocation", str(cfg.checkpoint / "query"))
                  .trigger(processingTime="100 milliseconds").start())
@@ -94,7 +94,7 @@ def test_every_projection_of_the_live_plans_is_generated_code(spark, kafka_broke
 
     rules = {r["rule_id"]: parse_rule(r).model_dump(mode="json") for r in RULES}
     cfg = DetectConfig(bootstrap=kafka_broker.bootstrap, checkpoint=tmp_path / "cp", threshold_lane=lane)
-    plans = {"keyed": build(spark, cfg, 0.0, ["cg.events"], rows_of(rules, ROUTED_TOPIC), buckets=2)}
+    plans = {"keyed": build(spark, cfg, 0.0, ["cg.events"], rows_of(rules, ROUTED_TOPIC))}
     if lane == "real-time":
         plans["lane"] = lane_records(spark, cfg, ["cg.events"], [])
     if lane == "micro-batch":
