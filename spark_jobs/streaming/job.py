@@ -177,17 +177,14 @@ def key_bucketing(cfg: DetectConfig, spark: SparkSession) -> KeyBucketing:
     """How this checkpoint spreads keys over the keyed operators' groups: its bucket
     count (`key_buckets`) and, recorded at its first start, the shuffle partitions the
     buckets are balanced over (Spark keeps a checkpoint's stateful partitioning whatever
-    the session says later). A checkpoint whose query ran before balanced buckets (no
-    balance recorded) keeps plain bucket numbers: its keys' state is under them."""
-    legacy = (cfg.checkpoint / "query").exists()  # only read when no balance is recorded yet
+    the session says later)."""
     count = key_buckets(cfg)
 
     def check(v: str) -> None:
-        if v != "none" and int(v) < 1:
-            raise ValueError(f"key balance must be 'none' or a partition count >= 1, not {v}")
+        if int(v) < 1:
+            raise ValueError(f"key balance must be a partition count >= 1, not {v}")
 
-    balance = _recorded(cfg, "key_balance", lambda: "none" if legacy else str(_shuffle_partitions(spark)), check)
-    return KeyBucketing(count, None if balance == "none" else int(balance))
+    return KeyBucketing(count, int(_recorded(cfg, "key_balance", lambda: str(_shuffle_partitions(spark)), check)))
 
 
 def _shuffle_partitions(spark: SparkSession) -> int:
@@ -212,14 +209,17 @@ PRUNE_EVERY = 50
 KEEP_BATCH_VERSIONS = 200
 
 
-# The plan's shape (job.py `build`), recorded per checkpoint: a checkpoint written by
-# another shape has other sources and stateful operators, which Spark would refuse or,
-# worse, read into the wrong operator. "line-1": one source reference, two keyed
-# operators, every row through both. Before it, "chain-1": three source references
-# (threshold, first operator, context records), two keyed operators. A checkpoint from
-# before the record existed (a query ran on it) was written by the single operator
-# that routed through Kafka.
-PLAN_LAYOUT = "line-1"
+# The plan's shape (job.py `build`) and its keyed state's layout, recorded per
+# checkpoint: a checkpoint written by another shape has other sources and stateful
+# operators, which Spark would refuse or, worse, read into the wrong operator, and one of
+# another state layout holds entries the operators no longer read. "line-2": one source
+# reference, two keyed operators, every row through both, one state entry per key
+# (ruleplatform.keyed.KeyState) in buckets balanced over the shuffle partitions. Before
+# it, "line-1": the same plan, one state entry per (key, rule), plain bucket numbers;
+# "chain-1": three source references (threshold, first operator, context records), two
+# keyed operators. A checkpoint from before the record existed (a query ran on it) was
+# written by the single operator that routed through Kafka.
+PLAN_LAYOUT = "line-2"
 OLD_PLAN_LAYOUT = "routed-topic"
 
 
@@ -806,9 +806,9 @@ def run(cfg: DetectConfig, stop: threading.Event | None = None) -> int:
         # a full RocksDB snapshot (checkpoint, zip, upload) is made in the background every
         # few batches instead of at every batch, on the batch's path.
         "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
-        # The keyed operators read and write one MapState entry per (key, rule) a batch
-        # touches, a few kilobytes each: RocksDB's gets and puts are most of the first
-        # operator's time. Counting the store's rows (Spark's numRowsTotal metric, which
+        # The keyed operators read and write one MapState entry per key a batch touches,
+        # a few kilobytes per rule of the key: RocksDB's gets and puts are most of the
+        # first operator's time. Counting the store's rows (Spark's numRowsTotal metric, which
         # the job does not report) costs a read before every write; a block cache of 64 MB
         # (Spark's default is 8 MB, per state store instance) keeps the windows of a few
         # thousand keys in memory after a snapshot flushed them to files.

@@ -10,7 +10,7 @@ The operator holds no rule: each input row names the rule rows its event enters 
 their index in the micro-batch's rule-set version (rule_versions.py), which the
 operator reads as the evaluator that made the rows did. So the plan is the same
 whatever keyed rules are in force, and a rule change is a new version, not a new plan.
-Its state is a MapState entry per key and rule, plus the bucket's timer.
+Its state is a MapState entry per key (its rules' sub-states), plus the bucket's timer.
 """
 
 from __future__ import annotations
@@ -31,22 +31,17 @@ BUCKETS_CLASS = "ruleplatform.keyed.KeyBuckets"
 @dataclass(frozen=True)
 class KeyBucketing:
     """How a key group's keys are spread over the operator's groups (gid, bucket): over
-    `count` buckets by the key's hash; with `partitions`, the bucket numbers are the
-    balanced ones for that many shuffle partitions (ruleplatform.keyed.KeyBuckets: each
-    partition gets count/partitions buckets of every key group), else plain 0..count-1,
-    which Spark's hash places where it falls (checkpoints begun before balanced buckets,
-    whose keys' state is under those numbers). Fixed for a checkpoint (job.py
-    `key_bucketing`)."""
+    `count` buckets by the key's hash, the bucket numbers those balanced over
+    `partitions` shuffle partitions (ruleplatform.keyed.KeyBuckets: each partition gets
+    count/partitions buckets of every key group). Fixed for a checkpoint (job.py
+    `key_bucketing`): a key's state is under its bucket."""
 
     count: int
-    partitions: int | None = None
+    partitions: int
 
     def bucket(self, spark: SparkSession, gid: Column, key: Column) -> Column:
         """int: the bucket of a key row of key group `gid` and key `key`."""
-        hashed = F.xxhash64(key)
-        if self.partitions is None:
-            return F.pmod(hashed, F.lit(self.count)).cast("int")
-        return jvm_column(spark, BUCKETS_CLASS, "balanced", gid, hashed, self.count, self.partitions,
+        return jvm_column(spark, BUCKETS_CLASS, "balanced", gid, F.xxhash64(key), self.count, self.partitions,
                           what="balanced key buckets")
 
 

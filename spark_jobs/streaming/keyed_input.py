@@ -11,7 +11,7 @@ code for the same small plan at every batch, and a keyed rule change is a new ve
 for the next batch, not a query restart.
 
 Why rows per key group and not per (event, rule): the rules on one key are evaluated
-together by the operator (one state lookup per key and rule, the event's text once).
+together by the operator (one state read and write per key, the event's text once).
 """
 
 from __future__ import annotations

@@ -19,11 +19,12 @@ from spark_jobs.streaming.jvm_operator import KeyBucketing
 GIDS = ["$.user_id", "$.merchant", "$.card.bin", "", "$.currency_pair", *(f"$.k{i}" for i in range(15))]
 
 
-def _placement(spark, bucketing: KeyBucketing, partitions: int) -> dict[str, Counter]:
-    """Per key group: how many distinct buckets each shuffle partition holds."""
+def _placement(spark, bucket, partitions: int) -> dict[str, Counter]:
+    """Per key group: how many distinct buckets (`bucket`: gid, key -> bucket column)
+    each shuffle partition holds."""
     keys = spark.range(400).select(F.concat(F.lit('"u'), F.col("id").cast("string"), F.lit('"')).alias("k"))
     rows = keys.crossJoin(spark.createDataFrame([(g,) for g in GIDS], "gid string"))
-    rows = rows.select("gid", "k", bucketing.bucket(spark, F.col("gid"), F.col("k")).alias("bucket"))
+    rows = rows.select("gid", "k", bucket(F.col("gid"), F.col("k")).alias("bucket"))
     placed = rows.repartition(partitions, "gid", "bucket").select(
         "gid", "bucket", F.spark_partition_id().alias("p")).distinct().collect()
     out: dict[str, Counter] = {g: Counter() for g in GIDS}
@@ -34,14 +35,15 @@ def _placement(spark, bucketing: KeyBucketing, partitions: int) -> dict[str, Cou
 
 def test_each_partition_holds_an_equal_share_of_every_key_groups_buckets(spark):
     for count, partitions in [(4, 2), (6, 3), (8, 2)]:
-        placement = _placement(spark, KeyBucketing(count, partitions), partitions)
+        bucketing = KeyBucketing(count, partitions)
+        placement = _placement(spark, lambda gid, k, b=bucketing: b.bucket(spark, gid, k), partitions)
         for gid, by_partition in placement.items():
             assert by_partition == {p: count // partitions for p in range(partitions)}, (count, partitions, gid)
 
 
 def test_plain_bucket_numbers_fall_where_the_hash_puts_them(spark):
-    # What balanced buckets replace: the same check fails for some key group.
-    placement = _placement(spark, KeyBucketing(4, None), 2)
+    # What balanced buckets replace (the key's hash mod 4): the same check fails for some key group.
+    placement = _placement(spark, lambda gid, k: F.pmod(F.xxhash64(k), F.lit(4)).cast("int"), 2)
     assert any(by_partition != {0: 2, 1: 2} for by_partition in placement.values())
 
 

@@ -1,7 +1,6 @@
 """Which bucketing a checkpoint's keyed state is under (job.key_bucketing): a new
 checkpoint records balanced buckets over the session's shuffle partitions and keeps
-them whatever the session says later; a checkpoint whose query ran before balanced
-buckets keeps plain bucket numbers, under which its keys' state was written."""
+them whatever the session says later (its keys' state is under those buckets)."""
 
 from __future__ import annotations
 
@@ -23,11 +22,3 @@ def test_a_new_checkpoint_balances_over_the_sessions_partitions_and_keeps_them(t
     (tmp_path / "cp" / "query").mkdir()  # the query ran on it
     assert key_bucketing(cfg, _session(8)) == KeyBucketing(DEFAULT_KEY_BUCKETS, 3)
 
-
-def test_a_checkpoint_whose_query_ran_before_balanced_buckets_keeps_plain_numbers(tmp_path: Path):
-    (tmp_path / "query").mkdir()
-    (tmp_path / "key_buckets").write_text("6")
-    cfg = DetectConfig(checkpoint=tmp_path)
-    assert key_bucketing(cfg, _session(2)) == KeyBucketing(6, None)
-    assert (tmp_path / "key_balance").read_text() == "none"
-    assert key_bucketing(cfg, _session(2)) == KeyBucketing(6, None)

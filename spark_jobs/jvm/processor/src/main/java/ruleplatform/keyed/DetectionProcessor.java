@@ -31,12 +31,13 @@ import scala.jdk.javaapi.CollectionConverters;
  * held by the operator: a rule change needs no new plan. The semantics are those
  * of docs/rule-language.md; the backtest (spark_jobs/backtest) must give the same detections.
  *
- * State: one MapState entry per (key, rule) (`key NUL rule_id` -> SubState bytes), so a
- * batch writes only the sub-states it touched, with a long window's sealed chunks in
- * entries of their own (`key NUL rule_id NUL chunk id`: SubState), and one
- * ValueState with the bucket's event-time timer. Expiry is per sub-state (its newest
- * event a full window plus the rule's lateness behind), applied when the bucket's one
- * timer fires at (or before) the earliest expiry.
+ * State: one MapState entry per key (`key` -> KeyState: the SubState bytes of each rule
+ * that judged the key), so a batch reads and writes a key it touched once, whatever the
+ * number of its rules; a long window's sealed chunks in entries of their own (`key NUL
+ * rule_id NUL chunk id`: SubState), and one ValueState with the bucket's event-time
+ * timer. Expiry is per sub-state (its newest event a full window plus the rule's
+ * lateness behind), applied when the bucket's one timer fires at (or before) the
+ * earliest expiry.
  *
  * Edge cases: only a final sum beyond the double range fails a key (ExactSum); min/max
  * of a window holding both 0.0 and -0.0 may give either zero; a failure message is cut
@@ -141,6 +142,18 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
         }
     }
 
+    /** One rule's rows of one key in the batch, and what judging them gave. */
+    private static final class Judged {
+        final RuleSpec rule;
+        final List<Ev> rows;
+        final List<Row> out = new ArrayList<>();
+
+        Judged(RuleSpec rule, List<Ev> rows) {
+            this.rule = rule;
+            this.rows = rows;
+        }
+    }
+
     private static Object get(Row r, int i) {
         return i < 0 || r.isNullAt(i) ? null : r.get(i);
     }
@@ -201,43 +214,66 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
         }
         long watermark = timerValues.getCurrentWatermarkInMs();
         Long registered = timer.exists() ? timer.get() : null;
-        Long earliest = null;
+        // Judged key by key (one read and one write of the key's state), output rule by
+        // rule as the rows came: each (rule, key) pair's rows go into its own list.
+        Map<String, List<Judged>> byKey = new LinkedHashMap<>();
+        List<Judged> order = new ArrayList<>();
         for (RuleRows rr : byRule.values()) {
-            RuleSpec rule = rr.rule;
             for (Map.Entry<String, List<Ev>> e : rr.byKey.entrySet()) {
-                String mapKey = e.getKey() + SEP + rule.ruleId;
-                List<Row> keyOut = new ArrayList<>();
+                Judged j = new Judged(rr.rule, e.getValue());
+                byKey.computeIfAbsent(e.getKey(), x -> new ArrayList<>()).add(j);
+                order.add(j);
+            }
+        }
+        Long earliest = null;
+        for (Map.Entry<String, List<Judged>> e : byKey.entrySet()) {
+            String k = e.getKey();
+            byte[] packed = subs.getValue(k);
+            KeyState ks = packed == null ? new KeyState() : KeyState.decode(packed);
+            boolean changed = false;
+            for (Judged j : e.getValue()) {
+                RuleSpec rule = j.rule;
+                String prefix = k + SEP + rule.ruleId;
                 SubState stored;
                 try {
-                    byte[] v = subs.getValue(mapKey);
-                    stored = evaluate(rule, e.getValue(), watermark, keyOut, v == null ? null : SubState.decode(v),
-                        id -> subs.getValue(chunkKey(mapKey, id)));
+                    byte[] v = ks.parts.get(rule.ruleId);
+                    stored = evaluate(rule, j.rows, watermark, j.out, v == null ? null : SubState.decode(v),
+                        id -> subs.getValue(chunkKey(prefix, id)));
                 } catch (RuntimeException exc) {
                     // One key's failure dead-letters that key's rows and keeps its state;
                     // the batch, every other key and rule go on.
                     String reason = EvaluationError.reason(exc);
-                    for (Ev r : e.getValue()) {
-                        out.add(output("dead", rule, r, null, reason));
+                    j.out.clear();
+                    for (Ev r : j.rows) {
+                        j.out.add(output("dead", rule, r, null, reason));
                     }
                     continue;
                 }
-                out.addAll(keyOut);
                 if (stored == null) {
                     continue;
                 }
                 for (int id : stored.dropped) {
-                    subs.removeKey(chunkKey(mapKey, id));
+                    subs.removeKey(chunkKey(prefix, id));
                 }
                 for (SubState.Chunk c : stored.written.values()) {
-                    subs.updateValue(chunkKey(mapKey, c.id), c.encode());
+                    subs.updateValue(chunkKey(prefix, c.id), c.encode());
                 }
-                subs.updateValue(mapKey, stored.encode());
+                ks.parts.put(rule.ruleId, stored.encode());
+                changed = true;
                 if (stored.expiry != null && (earliest == null || stored.expiry < earliest)) {
                     earliest = stored.expiry;
                 }
             }
-            if (rule.velocity && !rule.usesEventTime) {
-                forgetIdleProcessingTimeKeys(rule, rr.byKey);
+            if (changed) {
+                subs.updateValue(k, ks.encode());
+            }
+        }
+        for (Judged j : order) {
+            out.addAll(j.out);
+        }
+        for (RuleRows rr : byRule.values()) {
+            if (rr.rule.velocity && !rr.rule.usesEventTime) {
+                forgetIdleProcessingTimeKeys(rr.rule, rr.byKey);
             }
         }
         if (chained) {
@@ -277,25 +313,25 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
             return;
         }
         long horizon = now - rule.windowMs;
-        String suffix = SEP + rule.ruleId;
-        Map<String, byte[]> idle = new LinkedHashMap<>();
+        Map<String, KeyState> idle = new LinkedHashMap<>();
         scala.collection.Iterator<Tuple2<String, byte[]>> it = subs.iterator();
         while (it.hasNext()) {
             Tuple2<String, byte[]> kv = it.next();
-            String mk = kv._1();
-            if (isChunk(mk) || !mk.endsWith(suffix)) {
+            String k = kv._1();
+            if (isChunk(k) || batch.containsKey(k)) {
                 continue;
             }
-            String k = mk.substring(0, mk.length() - suffix.length());
-            if (batch.containsKey(k)) {
-                continue;
-            }
-            Long maxTs = SubState.header(kv._2())[0];
+            KeyState ks = KeyState.decode(kv._2());
+            byte[] part = ks.parts.get(rule.ruleId);
+            Long maxTs = part == null ? null : SubState.header(part)[0];
             if (maxTs != null && maxTs <= horizon) {
-                idle.put(mk, kv._2());
+                idle.put(k, ks);
             }
         }
-        idle.forEach(this::remove);
+        idle.forEach((k, ks) -> {
+            removePart(k, rule.ruleId, ks);
+            store(k, ks);
+        });
     }
 
     /** A sealed window chunk's entry: its sub-state's key, NUL, the chunk's id. */
@@ -303,17 +339,26 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
         return mapKey + SEP + id;
     }
 
-    /** Sub-state keys hold one NUL (neither a key's JSON text nor a rule id holds one); chunk keys two. */
+    /** A key's entry holds no NUL (a key's JSON text never does); a chunk's does. */
     private static boolean isChunk(String mapKey) {
-        return mapKey.indexOf(SEP) != mapKey.lastIndexOf(SEP);
+        return mapKey.indexOf(SEP) >= 0;
     }
 
-    /** A sub-state (`stored`: its bytes, as the sweep read them) and its sealed chunks. */
-    private void remove(String mapKey, byte[] stored) {
-        for (SubState.Chunk c : SubState.decode(stored).sealed) {
-            subs.removeKey(chunkKey(mapKey, c.id));
+    /** A rule's sub-state out of a key's state `ks`, with its sealed chunks' entries. */
+    private void removePart(String key, String ruleId, KeyState ks) {
+        byte[] part = ks.parts.remove(ruleId);
+        for (SubState.Chunk c : SubState.decode(part).sealed) {
+            subs.removeKey(chunkKey(key + SEP + ruleId, c.id));
         }
-        subs.removeKey(mapKey);
+    }
+
+    /** A key's state written back, or its entry removed when no sub-state is left. */
+    private void store(String key, KeyState ks) {
+        if (ks.parts.isEmpty()) {
+            subs.removeKey(key);
+        } else {
+            subs.updateValue(key, ks.encode());
+        }
     }
 
     /**
@@ -462,21 +507,32 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
                                                              ExpiredTimerInfo expiredTimerInfo) {
         long watermark = timerValues.getCurrentWatermarkInMs();
         Long earliest = null;
-        Map<String, byte[]> expired = new LinkedHashMap<>();
+        Map<String, KeyState> changed = new LinkedHashMap<>();
         scala.collection.Iterator<Tuple2<String, byte[]>> it = subs.iterator();
         while (it.hasNext()) {
             Tuple2<String, byte[]> kv = it.next();
             if (isChunk(kv._1())) {
                 continue;
             }
-            Long expiry = SubState.header(kv._2())[1];
-            if (expiry != null && expiry <= watermark) {
-                expired.put(kv._1(), kv._2());
-            } else if (expiry != null && (earliest == null || expiry < earliest)) {
-                earliest = expiry;
+            KeyState ks = KeyState.decode(kv._2());
+            for (Map.Entry<String, byte[]> part : ks.parts.entrySet()) {
+                Long expiry = SubState.header(part.getValue())[1];
+                if (expiry != null && expiry <= watermark) {
+                    changed.put(kv._1(), ks);
+                } else if (expiry != null && (earliest == null || expiry < earliest)) {
+                    earliest = expiry;
+                }
             }
         }
-        expired.forEach(this::remove);
+        changed.forEach((k, ks) -> {
+            for (String ruleId : new ArrayList<>(ks.parts.keySet())) {
+                Long expiry = SubState.header(ks.parts.get(ruleId))[1];
+                if (expiry != null && expiry <= watermark) {
+                    removePart(k, ruleId, ks);
+                }
+            }
+            store(k, ks);
+        });
         // Spark deletes the fired timer after this returns; `earliest` > watermark >= it.
         if (earliest != null) {
             getHandle().registerTimer(earliest);

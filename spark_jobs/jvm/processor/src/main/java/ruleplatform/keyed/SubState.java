@@ -14,7 +14,7 @@ import java.util.Set;
  * One (key, rule) sub-state: signature, last crossing
  * flag, newest event time, expiry, the velocity window (columns sorted by time; values
  * only where the aggregation reads them) or the correlation buffers (context, held
- * primaries). Stored as the value of a MapState entry keyed by key + NUL + rule id, in a
+ * primaries). Stored as the rule's part of its key's MapState entry (KeyState), in a
  * compact binary form of its own (maxTs and expiry first, so the idle sweep and the
  * expiry timer read them without decoding the rest).
  *
