@@ -289,3 +289,10 @@ def jvm_column(spark: SparkSession, name: str, method: str, *args: object, what:
 
     java = [a._jc if isinstance(a, Column) else a for a in args]  # type: ignore[attr-defined]
     return ClassicColumn(getattr(entry, method)(*java))
+
+
+def shuffle_partitions(spark: SparkSession) -> int:
+    """The session's shuffle partitions: how many tasks it runs a stage in (the width the
+    backtest keeps its inputs and output lines at, what the live job balances its key
+    buckets over)."""
+    return int(spark.conf.get("spark.sql.shuffle.partitions", "2") or 2)

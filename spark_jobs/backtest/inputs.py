@@ -11,6 +11,7 @@ from pyspark.sql import functions as F
 
 from spark_jobs.engine.events import RAW_COLUMNS
 from spark_jobs.engine.frames import union_all
+from spark_jobs.spark import shuffle_partitions
 
 # seq = input index in the high bits, then the file-order id Spark assigns; unique and
 # increasing in file order within one input, which is the arrival order of a recording.
@@ -78,12 +79,6 @@ def read_inputs(spark: SparkSession, specs: list[InputSpec]) -> DataFrame:
     raw = union_all([read_input(spark, s, i) for i, s in enumerate(specs)])
     size = sum(f.stat().st_size for s in specs for f in _files(Path(s.path)))
     return raw.coalesce(max(shuffle_partitions(spark), -(-size // _PARTITION_BYTES)))
-
-
-def shuffle_partitions(spark: SparkSession) -> int:
-    """The session's shuffle partitions: how many tasks it runs a stage in, the width the
-    backtest keeps its inputs and its output lines at."""
-    return int(spark.conf.get("spark.sql.shuffle.partitions", "2") or 2)
 
 
 def _files(p: Path) -> list[Path]:

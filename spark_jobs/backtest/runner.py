@@ -16,7 +16,7 @@ from pyspark import InheritableThread
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from spark_jobs.backtest.inputs import InputSpec, read_inputs, shuffle_partitions
+from spark_jobs.backtest.inputs import InputSpec, read_inputs
 from spark_jobs.backtest.kept import LEVEL as KEEP_LEVEL
 from spark_jobs.backtest.kept import kept
 from spark_jobs.engine.events import classify, split, with_reasons
@@ -25,7 +25,7 @@ from spark_jobs.engine.pipeline import EngineResult, active_rules, evaluate, jud
 from spark_jobs.engine.values import field, timestamp_ms
 from spark_jobs.rules.loader import RuleError, load_rules
 from spark_jobs.rules.model import AnyRule, CorrelationRule
-from spark_jobs.spark import session_conf
+from spark_jobs.spark import session_conf, shuffle_partitions
 
 _T = TypeVar("_T")
 

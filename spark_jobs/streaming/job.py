@@ -67,6 +67,7 @@ from spark_jobs.kafka import admin
 from spark_jobs.kafka.client_config import with_bootstrap
 from spark_jobs.kafka.spark_io import read_stream, write_stream
 from spark_jobs.rules.model import job_watermark_delay_s
+from spark_jobs.spark import shuffle_partitions
 from spark_jobs.streaming.jvm_operator import KeyBucketing, keyed_operator
 from spark_jobs.streaming.keyed_input import SKIP_SEP, key_rows
 from spark_jobs.streaming.keyed_rows import OUTPUT_COLUMNS, OUTPUT_SCHEMA, PASS_GID
@@ -184,11 +185,7 @@ def key_bucketing(cfg: DetectConfig, spark: SparkSession) -> KeyBucketing:
         if int(v) < 1:
             raise ValueError(f"key balance must be a partition count >= 1, not {v}")
 
-    return KeyBucketing(count, int(_recorded(cfg, "key_balance", lambda: str(_shuffle_partitions(spark)), check)))
-
-
-def _shuffle_partitions(spark: SparkSession) -> int:
-    return int(spark.conf.get("spark.sql.shuffle.partitions") or 200)
+    return KeyBucketing(count, int(_recorded(cfg, "key_balance", lambda: str(shuffle_partitions(spark)), check)))
 
 
 def _cores(spark: SparkSession) -> int:
@@ -428,7 +425,7 @@ def build(spark: SparkSession, cfg: DetectConfig, watermark_delay_s: float, topi
     `buckets`: how keys spread over the keyed operators' groups (default: DEFAULT_KEY_BUCKETS,
     balanced over the session's shuffle partitions).
     """
-    buckets = buckets or KeyBucketing(DEFAULT_KEY_BUCKETS, _shuffle_partitions(spark))
+    buckets = buckets or KeyBucketing(DEFAULT_KEY_BUCKETS, shuffle_partitions(spark))
     raw = classify(_input(spark, cfg, topics, min_partitions, quarantined))
     raw = raw.withColumn("_reason", F.coalesce(F.col("_quarantine"), F.col("_reason")))
 

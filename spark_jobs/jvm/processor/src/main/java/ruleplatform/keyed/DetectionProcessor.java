@@ -321,11 +321,10 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
             if (isChunk(k) || batch.containsKey(k)) {
                 continue;
             }
-            KeyState ks = KeyState.decode(kv._2());
-            byte[] part = ks.parts.get(rule.ruleId);
+            byte[] part = KeyState.part(kv._2(), rule.ruleId);
             Long maxTs = part == null ? null : SubState.header(part)[0];
             if (maxTs != null && maxTs <= horizon) {
-                idle.put(k, ks);
+                idle.put(k, KeyState.decode(kv._2()));
             }
         }
         idle.forEach((k, ks) -> {
@@ -507,7 +506,8 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
                                                              ExpiredTimerInfo expiredTimerInfo) {
         long watermark = timerValues.getCurrentWatermarkInMs();
         Long earliest = null;
-        Map<String, KeyState> changed = new LinkedHashMap<>();
+        // Per key with expired parts: its state and the rules whose parts expired.
+        Map<String, Tuple2<KeyState, List<String>>> expired = new LinkedHashMap<>();
         scala.collection.Iterator<Tuple2<String, byte[]>> it = subs.iterator();
         while (it.hasNext()) {
             Tuple2<String, byte[]> kv = it.next();
@@ -515,23 +515,24 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
                 continue;
             }
             KeyState ks = KeyState.decode(kv._2());
+            List<String> gone = new ArrayList<>();
             for (Map.Entry<String, byte[]> part : ks.parts.entrySet()) {
                 Long expiry = SubState.header(part.getValue())[1];
                 if (expiry != null && expiry <= watermark) {
-                    changed.put(kv._1(), ks);
+                    gone.add(part.getKey());
                 } else if (expiry != null && (earliest == null || expiry < earliest)) {
                     earliest = expiry;
                 }
             }
-        }
-        changed.forEach((k, ks) -> {
-            for (String ruleId : new ArrayList<>(ks.parts.keySet())) {
-                Long expiry = SubState.header(ks.parts.get(ruleId))[1];
-                if (expiry != null && expiry <= watermark) {
-                    removePart(k, ruleId, ks);
-                }
+            if (!gone.isEmpty()) {
+                expired.put(kv._1(), new Tuple2<>(ks, gone));
             }
-            store(k, ks);
+        }
+        expired.forEach((k, e) -> {
+            for (String ruleId : e._2()) {
+                removePart(k, ruleId, e._1());
+            }
+            store(k, e._1());
         });
         // Spark deletes the fired timer after this returns; `earliest` > watermark >= it.
         if (earliest != null) {

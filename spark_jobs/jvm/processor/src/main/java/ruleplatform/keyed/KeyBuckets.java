@@ -34,24 +34,34 @@ public final class KeyBuckets {
     /** Spark's seed for Murmur3Hash, as HashPartitioning uses it. */
     private static final int SEED = 42;
 
-    private static final ConcurrentHashMap<String, int[]> TABLES = new ConcurrentHashMap<>();
-
     /** int: the balanced bucket of a row of key group `gid` whose key hashes to `keyHash` (long). */
     public static Column balanced(Column gid, Column keyHash, int buckets, int partitions) {
         if (buckets < 1 || partitions < 1) {
             throw new IllegalArgumentException("buckets and partitions must be >= 1, not " + buckets + ", " + partitions);
         }
-        return functions.udf((UDF2<String, Long, Integer>) (g, h) -> of(g, h, buckets, partitions),
-            DataTypes.IntegerType).withName(NAME).apply(gid, keyHash);
+        return functions.udf(new Balanced(buckets, partitions), DataTypes.IntegerType).withName(NAME).apply(gid, keyHash);
     }
 
-    static Integer of(String gid, Long keyHash, int buckets, int partitions) {
-        if (gid == null || keyHash == null) {
-            return null;
+    /** The function: its tables by key group, built at a group's first row. */
+    static final class Balanced implements UDF2<String, Long, Integer> {
+        private static final long serialVersionUID = 1L;
+        private final int buckets;
+        private final int partitions;
+        private final ConcurrentHashMap<String, int[]> tables = new ConcurrentHashMap<>();
+
+        Balanced(int buckets, int partitions) {
+            this.buckets = buckets;
+            this.partitions = partitions;
         }
-        int[] table = TABLES.computeIfAbsent(gid + '\u0000' + buckets + '\u0000' + partitions,
-            x -> table(gid, buckets, partitions));
-        return table[(int) Math.floorMod(keyHash, (long) buckets)];
+
+        @Override
+        public Integer call(String gid, Long keyHash) {
+            if (gid == null || keyHash == null) {
+                return null;
+            }
+            int[] table = tables.computeIfAbsent(gid, g -> table(g, buckets, partitions));
+            return table[(int) Math.floorMod(keyHash, (long) buckets)];
+        }
     }
 
     /** The bucket numbers of `gid`, in bucket order: the j-th placed in partition j mod P. */

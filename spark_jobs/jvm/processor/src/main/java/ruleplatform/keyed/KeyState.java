@@ -2,6 +2,7 @@ package ruleplatform.keyed;
 
 import java.nio.ByteBuffer;
 import java.nio.charset.StandardCharsets;
+import java.util.Arrays;
 import java.util.LinkedHashMap;
 import java.util.Map;
 
@@ -23,11 +24,7 @@ final class KeyState {
     final Map<String, byte[]> parts = new LinkedHashMap<>();
 
     static KeyState decode(byte[] bytes) {
-        ByteBuffer in = ByteBuffer.wrap(bytes);
-        byte format = in.get();
-        if (format != FORMAT) {
-            throw new IllegalStateException("a key's state of format " + format + ", not " + FORMAT);
-        }
+        ByteBuffer in = open(bytes);
         KeyState s = new KeyState();
         for (int n = in.getInt(); n > 0; n--) {
             byte[] id = new byte[in.getInt()];
@@ -37,6 +34,35 @@ final class KeyState {
             s.parts.put(new String(id, StandardCharsets.UTF_8), part);
         }
         return s;
+    }
+
+    /**
+     * One rule's part of a key's stored state, or null: what a sweep that looks at one rule
+     * reads, without copying the other parts.
+     */
+    static byte[] part(byte[] bytes, String ruleId) {
+        byte[] want = ruleId.getBytes(StandardCharsets.UTF_8);
+        ByteBuffer in = open(bytes);
+        for (int n = in.getInt(); n > 0; n--) {
+            int idLength = in.getInt();
+            int idAt = in.position();
+            in.position(idAt + idLength);
+            int length = in.getInt();
+            if (Arrays.equals(bytes, idAt, idAt + idLength, want, 0, want.length)) {
+                return Arrays.copyOfRange(bytes, in.position(), in.position() + length);
+            }
+            in.position(in.position() + length);
+        }
+        return null;
+    }
+
+    private static ByteBuffer open(byte[] bytes) {
+        ByteBuffer in = ByteBuffer.wrap(bytes);
+        byte format = in.get();
+        if (format != FORMAT) {
+            throw new IllegalStateException("a key's state of format " + format + ", not " + FORMAT);
+        }
+        return in;
     }
 
     byte[] encode() {

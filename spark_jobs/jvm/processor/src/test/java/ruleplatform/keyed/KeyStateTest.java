@@ -2,6 +2,7 @@ package ruleplatform.keyed;
 
 import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertNull;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 
 import java.io.ByteArrayOutputStream;
@@ -18,7 +19,7 @@ import org.junit.jupiter.api.Test;
  * number of parts, then per part the rule id and the sub-state's bytes, each after its
  * int length. The expected bytes are written here field by field with DataOutputStream;
  * KeyState must write exactly them, in the order the parts were first put, and read
- * them back.
+ * them back, whole or one part at a time.
  */
 class KeyStateTest {
     private static final String[] IDS = {"vel_0", "r\u00e9gle", "\u65e5\u672c", "a", "x y"};
@@ -59,7 +60,9 @@ class KeyStateTest {
             assertEquals(ids, new ArrayList<>(read.parts.keySet()), "state " + k);
             for (int i = 0; i < ids.size(); i++) {
                 assertArrayEquals(values.get(i), read.parts.get(ids.get(i)), "state " + k);
+                assertArrayEquals(values.get(i), KeyState.part(bytes.toByteArray(), ids.get(i)), "state " + k);
             }
+            assertNull(KeyState.part(bytes.toByteArray(), "absent"), "state " + k);
         }
     }
 
