@@ -26,7 +26,8 @@ correlation, no dead letters, no routing. Where this misses a target, the target
 beyond what Spark's own operators and connector do on this machine.
 
 `--backlog N`: the floor under bench_backlog.py's drain instead of the live job. The
-query is started and warmed on a few events; then bench_backtest.py's N events (the
+query is started (and with `--warmup W` drains bench_backlog.py's W warm-up events);
+then bench_backtest.py's N events (the
 file bench_backlog.py drains, event-time ordered, 20k users) are produced at once, and
 the drain is timed from the first record sent to the end of the batch that read the
 last one (the query's own progress: input rows summed over batches). Records carry no
@@ -121,14 +122,17 @@ def input_rows(query) -> int:  # noqa: ANN001 - a pyspark StreamingQuery
 
 def drain_backlog(query, bootstrap: str, args: argparse.Namespace) -> None:  # noqa: ANN001
     """Warm the query, produce the backlog at once and time until the query has read it."""
-    from bench_backlog import produce_file
+    from bench_backlog import produce_file, warmup_file
     from bench_backtest import prepare
 
     _, ev, _ = prepare(args.keep, args.backlog, "bench-floor-backlog-")
-    produce_events(bootstrap, 1000, 2, args.users)
-    while input_rows(query) < 2000:
-        time.sleep(0.2)
-    time.sleep(2)
+    if args.warmup:
+        # bench_backlog.py's warm-up: older events of other users, so no backlog event is
+        # behind the watermark (late rows would skip the aggregation).
+        warm, _ = produce_file(bootstrap, warmup_file(ev, args.warmup))
+        while input_rows(query) < warm:
+            time.sleep(0.2)
+        time.sleep(2)
     before = input_rows(query)
     start = time.time()
     n, produced_s = produce_file(bootstrap, ev)
@@ -142,7 +146,7 @@ def drain_backlog(query, bootstrap: str, args: argparse.Namespace) -> None:  # n
     print(f"produced {n} records in {produced_s:.1f}s; drained (every record read and written) after "
           f"{drain_s:.1f}s -> {n / drain_s:,.0f} events/s")
     append_result("live_floor", {"events_per_s": round(n / drain_s), "drain_s": round(drain_s, 1),
-                                 "produced_s": round(produced_s, 1)}, **_variant(args), backlog=n)
+                                 "produced_s": round(produced_s, 1)}, **_variant(args), backlog=n, warmup=args.warmup)
 
 
 def main() -> None:
@@ -158,6 +162,8 @@ def main() -> None:
                     help="the bench's threshold and velocity rules as Spark's own JVM operators (module docstring)")
     ap.add_argument("--backlog", type=int, help="drain N backlog events instead of a live rate (module docstring)")
     ap.add_argument("--keep", type=Path, help="with --backlog: use/generate the events in DIR (bench_backtest layout)")
+    ap.add_argument("--warmup", type=int, default=0, metavar="N",
+                    help="with --backlog: drain bench_backlog.py's N warm-up events first, untimed")
     ap.add_argument("--max-offsets", type=int, default=100_000, help="maxOffsetsPerTrigger (the job's default)")
     ap.add_argument("--real-time", metavar="DURATION",
                     help="Spark's real-time mode (trigger realTime=DURATION, update mode) instead of micro-batches")

@@ -99,12 +99,17 @@ BENCHES = {
         "bench_backlog.py",
         "Backlog drain: the live job draining a backlog (threshold and event-time velocity rules; "
         "`--rule-copies N` adds copies that each ask for one user), against the same rules over the same file "
-        "in one plain Python process (python_loop.py), whose detections per rule it must equal.",
-        f"{PY}bench_backlog.py --events 300000",
-        [("events", "events"), ("rules", "rules"), ("max_offsets", "max offsets per trigger")],
+        "in one plain Python process (python_loop.py), whose detections per rule it must equal; `--warmup N` "
+        "first drains N warm-up events (a job that has been running, not one just started); `--floor` then "
+        "drains the same backlog, after the same warm-up, with the floor of Spark's own operators "
+        "(bench_live_floor.py --jvm-rules --backlog).",
+        f"{PY}bench_backlog.py --events 300000 --warmup 100000 --floor",
+        [("events", "events"), ("rules", "rules"), ("max_offsets", "max offsets per trigger"),
+         ("threshold_lane", "threshold lane"), ("warmup", "warm-up events")],
         [("events_per_s", "events/s"), ("drain_s", "drain s"), ("detections", "detections"),
          ("detections_equal_reference", "equal to the reference"), ("loop_s", "Python loop s"),
-         ("loop_ratio", "x the loop"), ("detections_equal_loop", "equal to the loop")]),
+         ("loop_ratio", "x the loop"), ("detections_equal_loop", "equal to the loop"), ("floor_s", "floor s"),
+         ("floor_ratio", "x the floor's time"), ("floor_loop_ratio", "floor x the loop")]),
     "first_detection": Bench(
         "bench_first_detection.py",
         "Seconds from `rulectl detect` starting to its first detection on the sink, with `rules/` and the demo "
@@ -118,7 +123,8 @@ BENCHES = {
         "do-nothing Python stateful operator, `--jvm-rules` the rules' work in Spark's own operators; "
         "`--backlog N` drains instead of a live rate; `--real-time DURATION` uses real-time mode.",
         f"{PY}bench_live_floor.py --jvm-rules --rate 20000 --seconds 30",
-        [("variant", "variant"), ("trigger", "trigger"), ("rate", "target events/s"), ("backlog", "backlog")],
+        [("variant", "variant"), ("trigger", "trigger"), ("rate", "target events/s"), ("backlog", "backlog"),
+         ("warmup", "warm-up events")],
         [("events_per_s", "events/s"), ("latency_p50_s", "p50 s"), ("latency_p99_s", "p99 s")]),
     "live_plan": Bench(
         "bench_live_plan.py",

@@ -26,12 +26,15 @@ def event_log_conf(folder: Path) -> str:
 
 
 KEYED_STAGES = ("scan", "first operator", "second operator")
+STATE_READ = "RocksDB: read - total of uncompressed bytes read (from memtables/cache/sst) from DB::Get()"
+STATE_WRITTEN = "RocksDB: write - total of uncompressed bytes written by DB::{Put(), Delete(), Merge(), Write()}"
 
 
 def keyed_stage_times(folder: Path, since_ms: int = 0) -> dict[str, dict[str, float]]:
     """Per stage of the keyed query's batches that started at or after `since_ms` (epoch
     ms): median wall ms, mean task run ms and CPU ms (summed over the stage's tasks),
-    mean "time to update" ms, mean shuffle records read and written."""
+    mean "time to update" ms, mean shuffle records read and written, mean bytes the
+    state store read by key and wrote."""
     position: dict[int, int] = {}
     by_stage: dict[str, list[dict[str, float]]] = defaultdict(list)
     for log in sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".")):
@@ -61,6 +64,9 @@ def keyed_stage_times(folder: Path, since_ms: int = 0) -> dict[str, dict[str, fl
                         "update_ms": acc.get("time to update", 0),
                         "shuffle_read": acc.get("internal.metrics.shuffle.read.recordsRead", 0),
                         "shuffle_written": acc.get("internal.metrics.shuffle.write.recordsWritten", 0),
+                        # The state store's bytes moved by gets and by writes (RocksDB's own counts).
+                        "state_read_bytes": acc.get(STATE_READ, 0),
+                        "state_written_bytes": acc.get(STATE_WRITTEN, 0),
                     })
     out = {}
     for name in KEYED_STAGES:
@@ -68,6 +74,7 @@ def keyed_stage_times(folder: Path, since_ms: int = 0) -> dict[str, dict[str, fl
         if not stages:
             continue
         out[name] = {"stages": len(stages), "wall_ms_median": round(statistics.median(s["wall_ms"] for s in stages))}
-        for k in ("run_ms", "cpu_ms", "update_ms", "shuffle_read", "shuffle_written"):
+        for k in ("run_ms", "cpu_ms", "update_ms", "shuffle_read", "shuffle_written", "state_read_bytes",
+                  "state_written_bytes"):
             out[name][f"{k}_mean"] = round(statistics.fmean(s[k] for s in stages))
     return out

@@ -391,7 +391,7 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
         fresh.sort(Ev::byTsSeq);
         SubState st = v == null ? new SubState() : v;
         st.store = store;
-        if (st.signature != null && !st.signature.equals(rule.signature)) {
+        if (st.signature != null && !rule.sameState(st.signature)) {
             // New conditions, grouping or value fields: old entries no longer qualify.
             st.clearWindow();
             st.context = new ArrayList<>();

@@ -1,6 +1,11 @@
 package ruleplatform.keyed;
 
 import com.fasterxml.jackson.databind.JsonNode;
+import java.nio.charset.StandardCharsets;
+import java.security.MessageDigest;
+import java.security.NoSuchAlgorithmException;
+import java.util.Arrays;
+import java.util.Base64;
 
 /**
  * One keyed rule as the operator needs it, read once from the spec the job builds
@@ -13,7 +18,11 @@ final class RuleSpec {
     final String version;
     final String ruleType; // velocity | correlation
     final String name;
-    /** keyed_rows.py signature: a change resets the window and buffers. */
+    /**
+     * A digest of the model's state signature (spark_jobs/engine/rule_set.py `signature`):
+     * a change resets the window and buffers. Every sub-state of every key stores it, so
+     * it is 22 characters, not the signature's few hundred.
+     */
     final String signature;
     final boolean velocity;
     final boolean usesEventTime;
@@ -42,7 +51,7 @@ final class RuleSpec {
         version = n.get("version").asText();
         ruleType = n.get("rule_type").asText();
         name = text(n, "name");
-        signature = n.get("signature").asText();
+        signature = digest(n.get("signature").asText());
         velocity = "velocity".equals(ruleType);
         usesEventTime = n.get("uses_event_time").asBoolean();
         windowMs = n.get("window_ms").asLong();
@@ -62,6 +71,25 @@ final class RuleSpec {
         condNum = n.path("cond_num").asDouble();
         condBool = n.path("cond_bool").asBoolean();
         condStr = text(n, "cond_str");
+    }
+
+    /**
+     * The stored form of a state signature: the first 16 bytes of its UTF-8 text's
+     * SHA-256, base64url without padding. A sub-state written before the digest holds
+     * the text itself (a JSON object, so it starts with '{'): sameState digests it.
+     */
+    static String digest(String signature) {
+        try {
+            byte[] sha = MessageDigest.getInstance("SHA-256").digest(signature.getBytes(StandardCharsets.UTF_8));
+            return Base64.getUrlEncoder().withoutPadding().encodeToString(Arrays.copyOf(sha, 16));
+        } catch (NoSuchAlgorithmException e) {
+            throw new IllegalStateException("every Java platform has SHA-256", e);
+        }
+    }
+
+    /** Whether a stored sub-state's signature (a digest, or older state's text) is this rule's. */
+    boolean sameState(String stored) {
+        return signature.equals(stored.startsWith("{") ? digest(stored) : stored);
     }
 
     private static String text(JsonNode n, String field) {

@@ -1,5 +1,10 @@
 package ruleplatform.rules;
 
+import com.fasterxml.jackson.core.JsonFactory;
+import com.fasterxml.jackson.core.JsonGenerator;
+import java.io.CharArrayWriter;
+import java.io.IOException;
+import java.io.UncheckedIOException;
 import java.time.ZoneOffset;
 import java.util.regex.Pattern;
 import org.apache.spark.types.variant.Variant;
@@ -79,9 +84,31 @@ public final class Value {
     /** The JSON text (`1`, `"1"`, `true`), as Spark's to_json writes it; null when missing. */
     String json() {
         if (json == null && x != null) {
-            json = x.toJson(ZoneOffset.UTC);
+            VariantUtil.Type t = x.getType();
+            json = t == VariantUtil.Type.STRING ? quote(x.getString())
+                : t == VariantUtil.Type.LONG ? Long.toString(x.getLong())
+                : x.toJson(ZoneOffset.UTC);
         }
         return json;
+    }
+
+    // Spark's Variant.toJson makes a new JsonFactory for every string it writes (its
+    // escapeJson), and making the factory's symbol tables costs more than the writing;
+    // keys and distinct_count values are mostly strings, read for every event a keyed
+    // rule enters. The same Jackson call on one shared factory writes the same text, and
+    // a long's text is its decimal digits as there (ValueJsonTest holds both equal to
+    // Variant.toJson).
+    private static final JsonFactory JSON = new JsonFactory();
+
+    /** A string as a JSON string literal, escaped as Variant.toJson escapes it. */
+    static String quote(String s) {
+        try (CharArrayWriter w = new CharArrayWriter(s.length() + 2); JsonGenerator g = JSON.createGenerator(w)) {
+            g.writeString(s);
+            g.flush();
+            return w.toString();
+        } catch (IOException e) {
+            throw new UncheckedIOException(e);
+        }
     }
 
     /** The string, for a JSON string; else null. */
