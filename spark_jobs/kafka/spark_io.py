@@ -23,18 +23,11 @@ from spark_jobs.kafka.client_config import spark_options
 
 # Writes are acknowledged by every in-sync replica and de-duplicated by the broker on a
 # producer retry, so a broker failover neither loses nor doubles a detection.
-#
-# batch.size: a micro-batch of a backlog writes a detection or more per event, and with
-# Kafka's default of 16 KB per request batch the sink's tasks spent most of their time
-# waiting for the broker's replies (Spark's event log: the writing stage's wall time was
-# about twice its CPU time). 256 KB batches send as many records in a sixteenth of the
-# requests; a quiet stream is still sent after linger.ms, so latency does not change.
 PRODUCER_OPTIONS: dict[str, str] = {
     "kafka.acks": "all",
     "kafka.enable.idempotence": "true",
     "kafka.linger.ms": "5",
     "kafka.compression.type": "lz4",
-    "kafka.batch.size": "262144",
 }
 
 
