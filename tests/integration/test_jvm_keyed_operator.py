@@ -376,6 +376,54 @@ def test_a_long_window_is_kept_in_chunks_across_a_restart(spark, tmp_path: Path)
     assert max(entries) <= 2 + 3 * (3_100 // 512 + 1), entries
 
 
+def test_a_new_version_keeps_the_window_unless_what_enters_changes(spark, tmp_path: Path):
+    """docs/rule-language.md: a new version of a velocity rule keeps its keys' windows
+    when only the threshold (or emit mode) changed, and starts them afresh when what
+    enters changed (conditions, grouping, value or time fields). A count rule over one
+    key, all_events, one micro-batch per version (a restart on the checkpoint between,
+    so each batch takes the version published before it):
+
+    - v1, threshold 4: rows at t, t+1 s: counts 1 and 2, nothing detected;
+    - v2, threshold 3 only: a row at t+2 s counts 3 (the window kept): detected, 3;
+    - v3, a new condition: a row at t+3 s counts 1 (the window started afresh): none;
+    - v4, threshold 1 only: a row at t+4 s counts 2 (v3's window kept): detected, 2.
+    """
+    from pyspark.sql import functions as F
+
+    def rule(version: str, threshold: float, **extra) -> dict:
+        return _velocity("v_count", "count", 60, threshold, version=version, emit_mode="all_events", **extra)
+
+    versions = tmp_path / "versions"
+    src = tmp_path / "src"
+    src.mkdir()
+    got: list[tuple[str, int, float]] = []
+
+    def collect(df, _: int) -> None:
+        for r in df.collect():
+            assert r["kind"] == "detection", r
+            got.append((r["rule_version"], json.loads(r["raw"])["seq"], r["agg_value"]))
+
+    steps = [(rule("1", 4), [0, 1]), (rule("2", 3), [2]),
+             (rule("3", 3, conditions=[{"field": "type", "operator": "==", "value": "click"}]), [3]),
+             (rule("4", 1, conditions=[{"field": "type", "operator": "==", "value": "click"}]), [4])]
+    for n, (published, seconds) in enumerate(steps):
+        assert [s.rule_id for s in _slots(versions, [published])] == ["v_count"]
+        rows = [{"gid": "user", "k": '"a"', "topic": "t", "seq": s, "raw": json.dumps({"seq": s}),
+                 "proc_ms": BASE + s * 1000, "wm": BASE + s * 1000, "mem": [{"i": 0, "ts": BASE + s * 1000}]}
+                for s in seconds]
+        spark.createDataFrame(rows, SCHEMA).coalesce(1).write.parquet(str(tmp_path / "stage" / str(n)))
+        next((tmp_path / "stage" / str(n)).glob("part-*.parquet")).rename(src / f"{n:04d}.parquet")
+        keyed = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(str(src))
+        watermarked = keyed.withColumn("wm_ts", F.timestamp_millis(F.col("wm"))).withWatermark("wm_ts", "2 seconds")
+        stateful_in = watermarked.select(*[c for c in keyed.columns if c != "wm"], F.lit(0).alias("bucket"))
+        with job_state_store(spark):
+            q = (keyed_operator(stateful_in, str(versions)).writeStream.foreachBatch(collect)
+                 .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(availableNow=True).start())
+            q.awaitTermination(600)
+        assert q.exception() is None
+    assert got == [("2", 2, 3.0), ("4", 4, 2.0)]
+
+
 def _run_availably(spark, stream, tmp_path: Path) -> list[dict]:
     """Run `stream` to a noop sink over all its input (one file a batch) with the job's
     state store; the query's progress per batch."""
