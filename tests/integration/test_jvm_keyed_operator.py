@@ -301,7 +301,6 @@ def test_a_long_window_is_kept_in_chunks_across_a_restart(spark, tmp_path: Path)
     window was not kept whole and its old chunks went. Every row's count, exact sum and distinct count are the definition's
     over the rows before it (some rows up to 1.5 s out of order, within the watermark's
     delay), across a restart on the checkpoint halfway."""
-    from pyspark.sql import functions as F
 
     window_ms = 20_000
     rules = [_velocity("l_count", "count", 20, 0, emit_mode="all_events", watermark_delay=5),
@@ -353,14 +352,7 @@ def test_a_long_window_is_kept_in_chunks_across_a_restart(spark, tmp_path: Path)
             got[(r["rule_id"], json.loads(r["raw"])["seq"])] = r["agg_value"]
 
     def run() -> None:
-        keyed = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(str(src))
-        watermarked = keyed.withColumn("wm_ts", F.timestamp_millis(F.col("wm"))).withWatermark("wm_ts", "5 seconds")
-        stateful_in = watermarked.select(*[c for c in keyed.columns if c != "wm"], F.lit(0).alias("bucket"))
-        with job_state_store(spark):
-            q = (keyed_operator(stateful_in, str(versions)).writeStream.foreachBatch(collect)
-                 .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(availableNow=True).start())
-            q.awaitTermination(600)
-        assert q.exception() is None
+        q = _run_one_bucket(spark, src, versions, tmp_path / "ckpt", "5 seconds", collect)
         entries.extend(p["stateOperators"][0]["numRowsTotal"] for p in q.recentProgress if p["stateOperators"])
 
     run()
@@ -388,7 +380,6 @@ def test_a_new_version_keeps_the_window_unless_what_enters_changes(spark, tmp_pa
     - v3, a new condition: a row at t+3 s counts 1 (the window started afresh): none;
     - v4, threshold 1 only: a row at t+4 s counts 2 (v3's window kept): detected, 2.
     """
-    from pyspark.sql import functions as F
 
     def rule(version: str, threshold: float, **extra) -> dict:
         return _velocity("v_count", "count", 60, threshold, version=version, emit_mode="all_events", **extra)
@@ -413,15 +404,25 @@ def test_a_new_version_keeps_the_window_unless_what_enters_changes(spark, tmp_pa
                 for s in seconds]
         spark.createDataFrame(rows, SCHEMA).coalesce(1).write.parquet(str(tmp_path / "stage" / str(n)))
         next((tmp_path / "stage" / str(n)).glob("part-*.parquet")).rename(src / f"{n:04d}.parquet")
-        keyed = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(str(src))
-        watermarked = keyed.withColumn("wm_ts", F.timestamp_millis(F.col("wm"))).withWatermark("wm_ts", "2 seconds")
-        stateful_in = watermarked.select(*[c for c in keyed.columns if c != "wm"], F.lit(0).alias("bucket"))
-        with job_state_store(spark):
-            q = (keyed_operator(stateful_in, str(versions)).writeStream.foreachBatch(collect)
-                 .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(availableNow=True).start())
-            q.awaitTermination(600)
-        assert q.exception() is None
+        _run_one_bucket(spark, src, versions, tmp_path / "ckpt", "2 seconds", collect)
     assert got == [("2", 2, 3.0), ("4", 4, 2.0)]
+
+
+def _run_one_bucket(spark, src: Path, versions: Path, checkpoint: Path, delay: str, collect):  # noqa: ANN001, ANN202
+    """The operator over the files in `src` (one a micro-batch, all in bucket 0, the
+    watermark `delay` behind `wm`) until they are read, on `checkpoint`; each batch's
+    output to `collect`. The query, finished."""
+    from pyspark.sql import functions as F
+
+    keyed = spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).parquet(str(src))
+    watermarked = keyed.withColumn("wm_ts", F.timestamp_millis(F.col("wm"))).withWatermark("wm_ts", delay)
+    stateful_in = watermarked.select(*[c for c in keyed.columns if c != "wm"], F.lit(0).alias("bucket"))
+    with job_state_store(spark):
+        q = (keyed_operator(stateful_in, str(versions)).writeStream.foreachBatch(collect)
+             .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
+        q.awaitTermination(600)
+    assert q.exception() is None
+    return q
 
 
 def _run_availably(spark, stream, tmp_path: Path) -> list[dict]:
