@@ -12,7 +12,7 @@ import importlib
 import sys
 
 COMMANDS = ["validate", "schema", "backtest", "broker", "cluster", "publish", "detect", "runner", "history", "up", "demo",
-            "tail", "archive", "connect"]
+            "tail", "archive", "connect", "explain"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -26,7 +26,8 @@ class PublishRulesOperator(BaseOperator):
     :param topic: the rules topic.
     :param published_by: who approved (a Kafka header on every produced record).
     :param commit: the rules commit (a Kafka header too).
-    :return: {"published": [rule_id...], "unchanged": [rule_id...]} (pushed to XCom).
+    :return: {"published": [rule_id...], "unchanged": [rule_id...], "topic", "offsets":
+        {rule_id: {"partition", "offset"}} of the records produced} (pushed to XCom).
     """
 
     template_fields: Sequence[str] = ("rules", "bootstrap", "topic", "kafka_config_id", "published_by", "commit")
@@ -63,7 +64,8 @@ class PublishRulesOperator(BaseOperator):
         for r in rules:
             state = "published" if r["rule_id"] in published else "already live"
             self.log.info("%s version %s: %s", r["rule_id"], r.get("version"), state)
-        return {"published": published, "unchanged": unchanged, "topic": self.topic}
+        offsets = result.to_dict().get("offsets", {}) if hasattr(result, "to_dict") else {}
+        return {"published": published, "unchanged": unchanged, "topic": self.topic, "offsets": offsets}
 
 
 def _ids(items: Any) -> list[str]:

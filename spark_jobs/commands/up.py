@@ -767,9 +767,8 @@ def _publish(rules_dir: str, bootstrap: str, sup: Supervisor, paths: Paths) -> i
     from spark_jobs.lifecycle.bootstrap import start_rules
     from spark_jobs.lifecycle.settings import LifecycleSettings
 
-    def publish(rules: list, commit: str | None) -> list[str]:
-        result = publish_rules(rules, bootstrap, published_by="rulectl up (bootstrap)", commit=commit)
-        return [r.rule_id for r in result.published]
+    def publish(rules: list, commit: str | None) -> dict[str, tuple[int, int]]:
+        return publish_rules(rules, bootstrap, published_by="rulectl up (bootstrap)", commit=commit).offsets
 
     outcome = start_rules(
         Path(rules_dir), audit_dir(paths), lambda: current_rules(bootstrap), publish, branch=LifecycleSettings().branch

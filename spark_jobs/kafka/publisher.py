@@ -42,6 +42,9 @@ class PublishResult:
     # Published with content changed but the same version as the live record: the job
     # swaps a rule on a version change, so these may not take effect (worth a warning).
     same_version: list[RuleRef] = field(default_factory=list)
+    # rule_id -> (partition, offset) of each record the broker acknowledged: where the
+    # release put the rule, which the audit keeps and `rulectl explain` reads back.
+    offsets: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     @property
     def changed(self) -> bool:
@@ -53,6 +56,7 @@ class PublishResult:
             "published": [r._asdict() for r in self.published],
             "unchanged": [r._asdict() for r in self.unchanged],
             "same_version": [r._asdict() for r in self.same_version],
+            "offsets": {rid: {"partition": p, "offset": o} for rid, (p, o) in sorted(self.offsets.items())},
         }
 
 
@@ -134,7 +138,7 @@ def publish_rules(
             result.same_version.append(ref)
     if to_send:
         headers = _audit_headers(published_by, commit, published_at)
-        _send(bootstrap, topic, to_send, headers, timeout, client)
+        result.offsets = _send(bootstrap, topic, to_send, headers, timeout, client)
     return result
 
 
@@ -165,12 +169,17 @@ def _send(
     headers: list[tuple[str, bytes]],
     timeout: float,
     client: Mapping[str, object] | None = None,
-) -> None:
+) -> dict[str, tuple[int, int]]:
+    """Produce every item and wait for its acknowledgement; returns rule_id ->
+    (partition, offset) as the broker acknowledged them."""
     errors: list[str] = []
+    offsets: dict[str, tuple[int, int]] = {}
 
     def on_delivery(err: object, msg: object) -> None:
         if err is not None:
             errors.append(f"{msg.key()!r}: {err}")  # type: ignore[attr-defined]
+        else:
+            offsets[msg.key().decode("utf-8")] = (msg.partition(), msg.offset())  # type: ignore[attr-defined]
 
     # Idempotent producer: a retried send can neither duplicate nor reorder a rule.
     producer = Producer(
@@ -202,3 +211,4 @@ def _send(
     if errors or remaining:
         detail = errors[0] if errors else f"{remaining} record(s) unacknowledged after {timeout}s"
         raise PublishError(f"publishing to {topic!r} failed: {detail}")
+    return offsets

@@ -136,14 +136,14 @@ def start_rules(
     rules_dir: Path,
     audit_dir: Path,
     live_rules: Callable[[], dict[str, dict]],
-    publish: Callable[[list, str | None], list[str]],
+    publish: Callable[[list, str | None], Mapping[str, tuple[int, int]]],
     *,
     branch: str = "main",
 ) -> StartRules:
     """Bootstrap an empty `rules.active`, or leave it alone and list the drift.
 
     `live_rules()` reads the topic; `publish(rules, commit)` publishes and returns the
-    rule ids it sent. Both are the caller's, so the decision is tested without a broker.
+    (partition, offset) of each rule it sent, by rule id. Both are the caller's, so the decision is tested without a broker.
     """
     live = live_rules()
     files = load_rules([rules_dir], root=_root(rules_dir))
@@ -162,18 +162,24 @@ def start_rules(
         uncommitted = uncommitted_files(rules_dir)
     if loaded.errors:
         return StartRules(True, 0, source=source, errors=list(loaded.errors))
-    sent = publish([lr.rule for lr in loaded.rules], commit)
+    offsets = publish([lr.rule for lr in loaded.rules], commit)
+    sent = sorted(offsets)
     top = _text(_git(rules_dir, "rev-parse", "--show-toplevel")) or str(rules_dir)
     record = audit.append_record(audit_dir, {
         "event": "published", "bootstrap": True, "commit": commit, "repo": top, "branch": branch,
         "dag_id": None, "run_id": None, "approved_by": None, "decided_by": {"id": None, "name": "rulectl up (start)"},
         "reason": f"rules.active was empty at platform start: published {source}",
-        "rules": [{"rule_id": lr.rule.rule_id, "version": lr.rule.version, "previous_version": None, "produced": True}
+        "rules": [{"rule_id": lr.rule.rule_id, "version": lr.rule.version, "previous_version": None, "produced": True,
+                   "file": lr.file, **_where(offsets.get(lr.rule.rule_id))}
                   for lr in sorted(loaded.rules, key=lambda lr: lr.rule.rule_id)],
     })
     after = {lr.rule.rule_id: rule_to_json_dict(lr.rule) for lr in loaded.rules}
     return StartRules(True, len(after), published=sent, source=source, drift=drift(files.rules, after),
                       uncommitted=uncommitted, record=record)
+
+
+def _where(offset: tuple[int, int] | None) -> dict:
+    return {} if offset is None else {"partition": offset[0], "offset": offset[1]}
 
 
 def _root(rules_dir: Path) -> Path | None:

@@ -782,6 +782,8 @@ def record_decision(
                     "previous_version": live.get(rid),
                     "file": (validation.get("files") or {}).get(rid),
                     "produced": rid in produced if event == "published" else False,
+                    # Where the record went on rules.active (the evidence chain reads it back).
+                    **((published or {}).get("offsets") or {}).get(rid, {}),
                 }
             )
     approval = dict(approval or {})

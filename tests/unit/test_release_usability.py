@@ -122,7 +122,7 @@ def test_the_first_release_compares_with_what_rulectl_up_published(tmp_path: Pat
     started = _git(repo, "rev-parse", "HEAD")
     paths = up.Paths(tmp_path / "var")
     topic: dict[str, dict] = {}
-    out = start_rules(repo / "rules", up.audit_dir(paths), lambda: dict(topic), lambda rules, commit: [r.rule_id for r in rules])
+    out = start_rules(repo / "rules", up.audit_dir(paths), lambda: dict(topic), lambda rules, commit: {r.rule_id: (0, i) for i, r in enumerate(rules)})
     assert out.bootstrapped and out.record is not None
     assert out.record["bootstrap"] is True and out.record["approved_by"] is None and out.record["commit"] == started
     # The author changes the rule; the release DAG (same audit folder) compares with the start commit.

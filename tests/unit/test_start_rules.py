@@ -43,13 +43,13 @@ class Topic:
         self.live: dict[str, dict] = {}
         self.sent: list[tuple[str, str | None]] = []
 
-    def publish(self, rules: list, commit: str | None) -> list[str]:
+    def publish(self, rules: list, commit: str | None) -> dict[str, tuple[int, int]]:
         from spark_jobs.rules.model import rule_to_json_dict
 
         for r in rules:
             self.live[r.rule_id] = rule_to_json_dict(r)
             self.sent.append((r.rule_id, commit))
-        return [r.rule_id for r in rules]
+        return {r.rule_id: (0, len(self.sent) - 1) for r in rules}
 
 
 def test_an_empty_topic_is_bootstrapped_from_head_and_audited_as_such(tmp_path: Path) -> None:
