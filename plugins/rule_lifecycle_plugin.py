@@ -3,6 +3,8 @@
 - FastAPI app under /rule-reports (plugins/rule_lifecycle/views.py);
 - a "Backtest report" tab on every DAG run page (external view, destination dag_run)
   and a "Backtest reports" entry in the navigation;
+- "Explain a detection" in the navigation: recent detections and each one's evidence
+  chain (/rule-reports/detections/);
 - a "Backtest report" extra link on the approval and backtest tasks;
 - the four-eyes check on answers to the release approval (rule_lifecycle/four_eyes.py);
 - the params allow-list on every request that creates runs of a platform DAG
@@ -48,6 +50,13 @@ class RuleLifecyclePlugin(AirflowPlugin):
             "destination": "nav",
             "category": "browse",
             "url_route": "backtest-reports",
+        },
+        {
+            "name": "Explain a detection",
+            "href": f"{REPORT_URL_PREFIX.lstrip('/')}/detections/",
+            "destination": "nav",
+            "category": "browse",
+            "url_route": "explain-detection",
         },
     ]
     fastapi_root_middlewares = [

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import html
 import mimetypes
+import re
 from pathlib import Path
 
 from fastapi import Depends, FastAPI, HTTPException, Request, Response
@@ -167,6 +168,44 @@ def index() -> HTMLResponse:
         "<style>body{font-family:sans-serif;margin:24px}li{margin:6px 0}</style></head>"
         f"<body><h1>Backtest reports</h1><ul>{body}</ul></body></html>"
     )
+
+
+DETECTION_ID = re.compile(r"^[0-9a-f]{32}$")
+
+
+@app.get("/detections/", dependencies=_ANY_DAG_ACCESS, response_class=HTMLResponse)
+def detections_index() -> HTMLResponse:
+    """The newest detections on the sink, each a link to its evidence chain."""
+    from spark_jobs.lifecycle.evidence import recent_detections
+    from spark_jobs.report.evidence_page import list_page
+
+    settings = _server_settings()
+    return HTMLResponse(list_page(settings.sink_topic, recent_detections(settings.bootstrap, settings.sink_topic)))
+
+
+@app.get("/detections/{detection_id}", dependencies=_ANY_DAG_ACCESS, response_class=HTMLResponse)
+def detection_chain(detection_id: str) -> HTMLResponse:
+    """The evidence chain of one detection (spark_jobs/lifecycle/evidence.py). The
+    event is looked up in the archive on the platform's Spark Connect server; without
+    one the page says so (a page view does not start a JVM in the api-server)."""
+    if not DETECTION_ID.match(detection_id):
+        raise HTTPException(404, "Not a detection id")
+    from spark_jobs.lifecycle.evidence import Sources, explain
+    from spark_jobs.report.evidence_page import chain_page
+
+    settings = _server_settings()
+    spark = None
+    url = settings.remote_url()
+    if url:
+        from spark_jobs.spark import remote_session
+
+        spark = remote_session(url)
+    try:
+        chain = explain(detection_id, Sources.from_settings(settings), spark=spark)
+    finally:
+        if spark is not None:
+            spark.stop()  # this client's session on the shared server, not the server
+    return HTMLResponse(chain_page(chain.to_dict()))
 
 
 def report_href_template() -> str:

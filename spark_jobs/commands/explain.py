@@ -9,7 +9,8 @@ backtests the rule version over the archived events up to the event and checks t
 makes the same detection id.
 
 Next to `rulectl up` it needs no options: the broker, the archive and the audit come
-from the platform's state file (`var/platform.json`, or $RULES_PLATFORM_STATE). Exit
+from the platform's state file (`var/platform.json`, or $RULES_PLATFORM_STATE), and it
+runs on the platform's Spark Connect server (else a local Spark session). Exit
 codes: 0 every link checked and held, 1 a link failed or could not be checked, 2 usage.
 """
 
@@ -50,18 +51,19 @@ def _platform() -> dict:
 
 
 def sources(args: argparse.Namespace):  # -> evidence.Sources
-    from spark_jobs.lifecycle.audit import read_records
+    """The platform's state file first (next to `rulectl up`), then the settings."""
     from spark_jobs.lifecycle.evidence import Sources
     from spark_jobs.lifecycle.settings import resolve_settings
 
     state = _platform()
-    settings = resolve_settings(use_airflow=False)
     workdir = state.get("workdir")
-    audit_dir = args.audit_dir or (Path(workdir) / "airflow" / "rule_lifecycle" / "audit" if workdir else Path(settings.audit_dir))
-    bootstrap = args.bootstrap or state.get("bootstrap") or os.environ.get("KAFKA_BOOTSTRAP", "127.0.0.1:9092")
-    archive = args.archive or (state.get("archive") or {}).get("table") or settings.archive_table
-    return Sources(bootstrap=bootstrap, audit=read_records(audit_dir), sink_topic=args.sink_topic or settings.sink_topic,
-                   rules_topic=settings.rules_topic, archive_table=archive, repo=args.repo, time_field=settings.time_field)
+    return Sources.from_settings(
+        resolve_settings(use_airflow=False),
+        audit_dir=args.audit_dir or (Path(workdir) / "airflow" / "rule_lifecycle" / "audit" if workdir else None),
+        bootstrap=args.bootstrap or state.get("bootstrap") or os.environ.get("KAFKA_BOOTSTRAP"),
+        archive_table=args.archive or (state.get("archive") or {}).get("table"),
+        sink_topic=args.sink_topic, repo=args.repo,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -71,13 +73,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"rulectl explain: {args.detection_id!r} is not a detection id (32 lowercase hex characters)", file=sys.stderr)
         return 2
     src = sources(args)
-    from spark_jobs.spark import session
+    from spark_jobs.lifecycle.release import history_session
+    from spark_jobs.lifecycle.settings import resolve_settings
 
-    spark = session("rulectl-explain")
+    # The platform's warm Spark Connect server when it runs one, else a local session.
+    spark = history_session(resolve_settings(use_airflow=False), "rulectl-explain")
     try:
         chain = explain(args.detection_id, src, spark=spark, replay=args.replay)
     finally:
-        spark.stop()
+        spark.stop()  # on a Connect server: this client's session, not the server
     if args.format == "json":
         print(json.dumps(chain.to_dict(), indent=2, default=str))
     else:

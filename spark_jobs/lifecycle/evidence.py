@@ -358,6 +358,39 @@ class Sources:
     time_field: str = "timestamp"
     timeout: float = 60.0
 
+    @classmethod
+    def from_settings(cls, settings: object, **overrides: object) -> Sources:
+        """The sources a platform's lifecycle settings name (`LifecycleSettings`)."""
+        from spark_jobs.lifecycle.audit import read_records
+
+        audit_dir = overrides.pop("audit_dir", None) or settings.audit_dir  # type: ignore[attr-defined]
+        given = {k: v for k, v in overrides.items() if v is not None}
+        return cls(**{
+            "bootstrap": settings.bootstrap, "audit": read_records(audit_dir),  # type: ignore[attr-defined]
+            "sink_topic": settings.sink_topic, "rules_topic": settings.rules_topic,  # type: ignore[attr-defined]
+            "archive_table": settings.archive_table, "time_field": settings.time_field,  # type: ignore[attr-defined]
+            **given,
+        })
+
+
+def recent_detections(bootstrap: str, sink_topic: str, last: int = 50, timeout: float = 30.0) -> list[dict]:
+    """The newest `last` detections of each sink partition, newest first: what the UI
+    lists to pick one from."""
+    from spark_jobs.kafka.admin import assign_consumer, read_all_with
+
+    consumer = assign_consumer(bootstrap, {"enable.partition.eof": True}, READER)
+    try:
+        records = read_all_with(consumer, sink_topic, timeout=timeout, last=last)
+    finally:
+        consumer.close()
+    out = []
+    for rec in sorted(records, key=lambda r: r.timestamp_ms, reverse=True)[:last]:
+        doc = _doc(rec)
+        if doc and isinstance(doc.get("detection_id"), str):
+            out.append({"detection_id": doc["detection_id"], "rule_id": doc.get("rule_id"),
+                        "rule_version": doc.get("rule_version"), "processed": doc.get("processed"), **_where(rec)})
+    return out
+
 
 def explain(detection_id: str, src: Sources, *, spark: object | None = None, replay: bool = False) -> Chain:
     """The chain of `detection_id`; `spark` (a session) for the event and the replay."""

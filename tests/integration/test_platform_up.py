@@ -13,10 +13,17 @@ job (Spark), the event archive, the demo, and Airflow on PostgreSQL with its UI,
 3. Over several release polls that find nothing new and supervisor runs, a release and
    a restart, no DAG has a Failed run (the API, and the runs lists as Chromium shows
    them).
+
+Issue 39's evidence chain comes first: a rule change written by its author and approved
+by an approver is published, the live job detects with it, and `rulectl explain` on
+one of those detections prints every link, each checked here against its own source
+(git, the report file, the audit, the Kafka records); the replay gives the same id, and
+the UI page in Chromium shows the same chain.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import select
@@ -216,6 +223,117 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
             os.environ.pop("KAFKA_CREDENTIALS_FILE", None)
         else:
             os.environ["KAFKA_CREDENTIALS_FILE"] = saved
+
+
+def _read(platform: Platform, topic: str) -> list:
+    from spark_jobs.kafka.admin import read_all
+
+    return read_all(platform.bootstrap, topic, timeout=60, role="reader")
+
+
+def _pending_approval(platform: Platform, timeout: float = 900) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status, body = platform.api("GET", "/dags/rule_release/dagRuns/~/hitlDetails?response_received=false")
+        pending = [d for d in body.get("hitl_details", []) if not d.get("response_received")] if status == 200 else []
+        if pending:
+            return pending[-1]
+        failed = [r for r in platform.runs("rule_release") if r["state"] == "failed"]
+        assert not failed, f"a release run failed: {failed}"
+        time.sleep(5)
+    raise AssertionError("the release never asked for approval")
+
+
+def test_explain_prints_every_link_of_a_released_detection(platform: Platform) -> None:
+    platform.wait_for_api()
+    platform.wait_for_job()
+    # The author raises purchase_threshold's bar from 20 to 25 as version 2.
+    path = platform.repo / "rules" / "purchase_threshold.yaml"
+    path.write_text(path.read_text().replace('version: "1"', 'version: "2"').replace("value: 20}", "value: 25}"))
+    _git(platform.repo, "commit", "-qam", "purchase_threshold: 25 or more")
+    commit = _git(platform.repo, "rev-parse", "HEAD")
+    ti = _pending_approval(platform)["task_instance"]
+    hitl = f"/dags/rule_release/dagRuns/{ti['dag_run_id']}/taskInstances/{ti['task_id']}/-1/hitlDetails"
+    status, body = platform.api("PATCH", hitl, {"chosen_options": ["Approve"], "params_input": {"comment": "25 it is"}},
+                                user="approver")
+    assert status == 200, body
+
+    # A detection of version 2 on the sink (the demo buys above 25 every few seconds).
+    deadline, v2 = time.monotonic() + 300, []
+    while time.monotonic() < deadline and len(v2) < 2:
+        v2 = [(r, json.loads(r.value)) for r in _read(platform, "events.processed")
+              if b'"rule_id":"purchase_threshold","rule_version":"2"' in (r.value or b"")]
+        time.sleep(3)
+    assert len(v2) >= 2, "no detections of purchase_threshold v2"
+    first_rec, first = min(v2, key=lambda x: (x[0].timestamp_ms, x[0].partition, x[0].offset))
+    rec, det = next(x for x in v2 if x[1]["detection_id"] != first["detection_id"])
+    env = {**os.environ, "RULES_PLATFORM_STATE": str(platform.workdir / "platform.json")}
+    deadline = time.monotonic() + 240
+    while True:  # the archive writes its batches every few seconds: the event may lag
+        proc = subprocess.run([sys.executable, "-m", "spark_jobs.cli", "explain", det["detection_id"], "--replay",
+                               "--format", "json"], capture_output=True, text=True, env=env, cwd=platform.workdir.parent)
+        chain = json.loads(proc.stdout) if proc.stdout.startswith("{") else {"links": []}
+        event = next((x for x in chain["links"] if x["name"] == "event"), {})
+        if event.get("ok") is True or time.monotonic() > deadline:
+            break
+        time.sleep(10)
+    assert proc.returncode == 0 and chain["ok"], (proc.returncode, proc.stdout[-6000:], proc.stderr[-3000:])
+    links = {x["name"]: x for x in chain["links"]}
+    assert list(links) == ["detection", "event", "rule version", "commit", "backtest report", "approval", "publish",
+                           "first detection of the version", "replay"]
+
+    # The detection: where this test found it on the sink.
+    d = links["detection"]["facts"]
+    assert (d["partition"], d["offset"], d["rule_id"], d["rule_version"]) == (rec.partition, rec.offset,
+                                                                              "purchase_threshold", "2")
+    # The event: read back from its topic at the link's partition and offset; the
+    # detection is that text with the rule's members after it (the detection record's spec).
+    e = links["event"]["facts"]
+    raw = next(r.value for r in _read(platform, "events.raw") if (r.partition, r.offset) == (e["partition"], e["offset"]))
+    assert rec.value.startswith(raw.rstrip()[:-1]) and e["event"].encode() == raw
+    assert json.loads(raw)["type"] == "purchase" and json.loads(raw)["value"] >= 25
+    # The rule version and the publish: the record on rules.active at that offset is v2
+    # with the bar at 25, and it is the only v2 record there.
+    rules = [(r.offset, r) for r in _read(platform, "rules.active") if r.key == b"purchase_threshold"
+             and json.loads(r.value)["version"] == "2"]
+    assert len(rules) == 1
+    offset, rule_rec = rules[0]
+    assert links["rule version"]["facts"]["offset"] == links["publish"]["facts"]["offset"] == offset
+    assert {"field": "value", "operator": ">=", "value": 25} in json.loads(rule_rec.value)["conditions"]
+    assert links["publish"]["facts"]["published_by"] == "approver"
+    # The commit: git's head, written by the author.
+    c = links["commit"]["facts"]
+    assert c["commit"] == commit and c["author"] == "Rule Author <author@rules.example>"
+    assert c["subject"] == "purchase_threshold: 25 or more" and c["file"] == "rules/purchase_threshold.yaml"
+    # The report: the file's SHA-256, computed here, is what the audit kept.
+    published = [r for r in platform.audit() if r.get("event") == "published" and r.get("commit") == commit]
+    assert len(published) == 1
+    report = links["backtest report"]["facts"]
+    assert report["report"] == published[0]["report"]
+    assert hashlib.sha256(Path(report["report"]).read_bytes()).hexdigest() == published[0]["report_sha256"]["report.html"]
+    assert report["sha256"] == published[0]["report_sha256"]["report.html"]
+    # The approval: who the API answered as, with the comment given.
+    a = links["approval"]["facts"]
+    assert (a["approver"], a["comment"], a["run_id"]) == ("approver", "25 it is", ti["dag_run_id"])
+    assert a["authors"] == ["author@rules.example"]
+    # The first detection of v2, as this test's own scan of the sink found it.
+    f = links["first detection of the version"]["facts"]
+    assert (f["detection_id"], f["partition"], f["offset"]) == (first["detection_id"], first_rec.partition, first_rec.offset)
+    assert links["replay"]["facts"]["same_id"] is True
+
+    if not chromium_available():
+        pytest.skip("no Chromium for the evidence page")
+    with Chromium() as browser:
+        browser.login(platform.base_url, "viewer", platform.password("viewer"))
+        browser.goto(f"{platform.base_url}/rule-reports/detections/")
+        browser.wait_for(f"document.body.innerText.includes('{det['detection_id']}')", timeout=60)
+        browser.goto(f"{platform.base_url}/rule-reports/detections/{det['detection_id']}")
+        browser.wait_for("document.getElementById('verdict') !== null", timeout=120)
+        shown = browser.evaluate(
+            "[...document.querySelectorAll('section.link')].map(s => [s.dataset.link, s.dataset.ok])")
+        assert shown == [[name, "True"] for name in list(links)[:-1]], shown
+        page = browser.text()
+        assert commit in page and "approver" in page and report["sha256"] in page
 
 
 def _finished(runs: list[dict]) -> list[dict]:
