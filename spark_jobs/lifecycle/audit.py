@@ -4,7 +4,8 @@ One JSON object per line in `<audit_dir>/releases.jsonl`, appended (never rewrit
 by the release DAG at the end of every run that reached a decision:
 
 - `published`: approved and produced to `rules.active` (approver, time, comment,
-  commit, and every rule version of the release with whether it was actually produced,
+  commit, and every rule version of the release with whether it was actually produced
+  and, when it was, the record's partition and offset,
   the SHA-256 of the report the approver was shown, the e-mails of the release's
   authors, none of whom could approve it);
 - `rejected`: the approver said no (who, when, why); nothing was produced;
