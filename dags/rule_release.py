@@ -242,6 +242,11 @@ with DAG(
         body="{{ ti.xcom_pull(task_ids='build_report')['approval_body'] }}",
         params={
             "comment": Param(None, type=["null", "string"], title="Comment", description="Why (kept in the audit log)"),
+            # The approver's choice (issue 39): in force, or as a shadow beside the
+            # version in force (docs/rule-language.md, "Shadow versions").
+            "release_as": Param("active", type="string", enum=["active", "shadow"], title="Release as",
+                                description="active: the version replaces the one in force. shadow: it runs beside "
+                                            "it, its detections go to events.shadow only (rulectl shadow RULE_ID)."),
         },
         response_timeout=timedelta(days=7),
         # Assigned to the Rule approver role (spark_jobs/platform/auth.py); four eyes are
@@ -258,5 +263,6 @@ with DAG(
         topic=_setting("rules_topic"),
         commit="{{ ti.xcom_pull(task_ids='detect_commit')['commit'] }}",
         published_by="{{ ((ti.xcom_pull(task_ids='approve', key='response') or {}).get('responded_by_user') or {}).get('name', '') }}",
+        mode="{{ ((ti.xcom_pull(task_ids='approve', key='response') or {}).get('params_input') or {}).get('release_as') or 'active' }}",
     )
     report >> approve >> not_superseded(candidate) >> publish >> record_outcome(candidate, validation, report)

@@ -4,7 +4,8 @@
 - a "Backtest report" tab on every DAG run page (external view, destination dag_run)
   and a "Backtest reports" entry in the navigation;
 - "Explain a detection" in the navigation: recent detections and each one's evidence
-  chain (/rule-reports/detections/);
+  chain (/rule-reports/detections/); "Shadow versions": the shadows on rules.active,
+  each against its version in force (/rule-reports/shadows/);
 - a "Backtest report" extra link on the approval and backtest tasks;
 - the four-eyes check on answers to the release approval (rule_lifecycle/four_eyes.py);
 - the params allow-list on every request that creates runs of a platform DAG
@@ -57,6 +58,13 @@ class RuleLifecyclePlugin(AirflowPlugin):
             "destination": "nav",
             "category": "browse",
             "url_route": "explain-detection",
+        },
+        {
+            "name": "Shadow versions",
+            "href": f"{REPORT_URL_PREFIX.lstrip('/')}/shadows/",
+            "destination": "nav",
+            "category": "browse",
+            "url_route": "shadow-versions",
         },
     ]
     fastapi_root_middlewares = [

@@ -12,7 +12,7 @@ import importlib
 import sys
 
 COMMANDS = ["validate", "schema", "backtest", "broker", "cluster", "publish", "detect", "runner", "history", "up", "demo",
-            "tail", "archive", "connect", "explain"]
+            "tail", "archive", "connect", "explain", "shadow"]
 
 
 def build_parser() -> argparse.ArgumentParser:

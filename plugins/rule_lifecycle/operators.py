@@ -26,11 +26,14 @@ class PublishRulesOperator(BaseOperator):
     :param topic: the rules topic.
     :param published_by: who approved (a Kafka header on every produced record).
     :param commit: the rules commit (a Kafka header too).
+    :param mode: "active", or "shadow" to release every rule as a shadow version beside
+        the version in force (the approver's choice on the approval page); empty: as the
+        rule files say.
     :return: {"published": [rule_id...], "unchanged": [rule_id...], "topic", "offsets":
         {rule_id: {"partition", "offset"}} of the records produced} (pushed to XCom).
     """
 
-    template_fields: Sequence[str] = ("rules", "bootstrap", "topic", "kafka_config_id", "published_by", "commit")
+    template_fields: Sequence[str] = ("rules", "bootstrap", "topic", "kafka_config_id", "published_by", "commit", "mode")
     ui_color = "#e8f7e4"
 
     def __init__(
@@ -42,9 +45,11 @@ class PublishRulesOperator(BaseOperator):
         topic: str = "rules.active",
         published_by: str | None = None,
         commit: str | None = None,
+        mode: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.mode = mode
         self.rules = rules
         self.kafka_config_id = kafka_config_id
         self.bootstrap = bootstrap
@@ -54,6 +59,10 @@ class PublishRulesOperator(BaseOperator):
 
     def execute(self, context: Any) -> dict:
         rules = list(self.rules or [])
+        if self.mode == "shadow":
+            rules = [{**r, "mode": "shadow"} for r in rules]
+        elif self.mode not in (None, "", "active"):
+            raise ValueError(f"mode must be 'active' or 'shadow', not {self.mode!r}")
         if not rules:
             self.log.info("No rules to publish.")
             return {"published": [], "unchanged": []}
@@ -62,10 +71,12 @@ class PublishRulesOperator(BaseOperator):
         published = sorted(_ids(getattr(result, "published", [])))
         unchanged = sorted(_ids(getattr(result, "unchanged", [])))
         for r in rules:
-            state = "published" if r["rule_id"] in published else "already live"
+            live_id = f"{r['rule_id']}@shadow" if r.get("mode") == "shadow" else r["rule_id"]
+            state = "published" if live_id in published else "already live"
             self.log.info("%s version %s: %s", r["rule_id"], r.get("version"), state)
         offsets = result.to_dict().get("offsets", {}) if hasattr(result, "to_dict") else {}
-        return {"published": published, "unchanged": unchanged, "topic": self.topic, "offsets": offsets}
+        return {"published": published, "unchanged": unchanged, "topic": self.topic, "offsets": offsets,
+                "mode": self.mode or "active"}
 
 
 def _ids(items: Any) -> list[str]:

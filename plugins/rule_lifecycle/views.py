@@ -208,6 +208,38 @@ def detection_chain(detection_id: str) -> HTMLResponse:
     return HTMLResponse(chain_page(chain.to_dict()))
 
 
+RULE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,199}$")
+
+
+@app.get("/shadows/", dependencies=_ANY_DAG_ACCESS, response_class=HTMLResponse)
+def shadows_index() -> HTMLResponse:
+    """The shadow versions on rules.active, each a link to its diff."""
+    from spark_jobs.kafka.admin import read_all
+    from spark_jobs.lifecycle.shadow import running_shadows
+    from spark_jobs.report.evidence_page import shadows_page
+
+    s = _server_settings()
+    return HTMLResponse(shadows_page(running_shadows(read_all(s.bootstrap, s.rules_topic, timeout=60, role="reader"))))
+
+
+@app.get("/shadows/{rule_id}", dependencies=_ANY_DAG_ACCESS, response_class=HTMLResponse)
+def shadow_diff(rule_id: str) -> HTMLResponse:
+    """A rule's shadow version against its version in force (spark_jobs/lifecycle/shadow.py)."""
+    if not RULE_ID.match(rule_id):
+        raise HTTPException(404, "Not a rule id")
+    from spark_jobs.kafka.admin import read_all
+    from spark_jobs.lifecycle.shadow import diff
+    from spark_jobs.report.evidence_page import shadow_page
+
+    s = _server_settings()
+
+    def read(topic: str) -> list:
+        return read_all(s.bootstrap, topic, timeout=60, role="reader")
+
+    result = diff(read(s.sink_topic), read(s.shadow_topic), read(s.rules_topic), rule_id)
+    return HTMLResponse(shadow_page(result.to_dict()))
+
+
 def report_href_template() -> str:
     """External-view href: relative (no leading slash) so it works under a base URL."""
     return f"{REPORT_URL_PREFIX.lstrip('/')}/dags/{{DAG_ID}}/runs/{{RUN_ID}}/"

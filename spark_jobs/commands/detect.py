@@ -14,6 +14,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--bootstrap", default="127.0.0.1:9092")
     p.add_argument("--sink-topic", default="events.processed")
     p.add_argument("--dead-letter-topic", default="events.deadletter")
+    p.add_argument("--shadow-topic", default="events.shadow", help="detections of shadow rule versions")
     p.add_argument("--rules-topic", default="rules.active")
     p.add_argument("--status-topic", default="detect.status")
     p.add_argument("--checkpoint", type=Path, default=Path("var/detect/checkpoint"))
@@ -35,7 +36,7 @@ def _run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     cfg = DetectConfig(
         bootstrap=args.bootstrap, sink_topic=args.sink_topic, dead_letter_topic=args.dead_letter_topic,
-        rules_topic=args.rules_topic, status_topic=args.status_topic, checkpoint=args.checkpoint,
+        shadow_topic=args.shadow_topic, rules_topic=args.rules_topic, status_topic=args.status_topic, checkpoint=args.checkpoint,
         trigger_ms=args.trigger_ms, max_offsets_per_trigger=args.max_offsets_per_trigger,
         starting_offsets=args.starting_offsets, master=args.master, status_file=args.status_file,
         fail_on_data_loss=not args.allow_data_loss, threshold_lane=args.threshold_lane,

@@ -68,7 +68,7 @@ def rule_spec(rule: AnyRule, signature: str) -> dict:
     the rule model derives (window and lookback in ms, the watermark delay in ms, the
     state signature, the condition's typed value), so the JVM re-derives none of them."""
     d: dict = {
-        "rule_id": rule.rule_id,
+        "rule_id": rule.live_id,  # a shadow's state is its own (model.py `live_id`)
         "version": rule.version,
         "rule_type": rule.rule_type,
         "name": rule.name,

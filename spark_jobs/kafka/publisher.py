@@ -19,7 +19,7 @@ from confluent_kafka import Producer
 
 from spark_jobs.kafka.admin import TopicSpec, create_topics, read_all
 from spark_jobs.kafka.client_config import with_bootstrap
-from spark_jobs.rules.model import AnyRule, rule_to_json_dict
+from spark_jobs.rules.model import AnyRule, rule_to_json_dict, shadow_id
 
 RULES_TOPIC = "rules.active"
 # The release path's principal: the only one allowed to write the rules topic.
@@ -45,6 +45,9 @@ class PublishResult:
     # rule_id -> (partition, offset) of each record the broker acknowledged: where the
     # release put the rule, which the audit keeps and `rulectl explain` reads back.
     offsets: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # Shadow records (`<rule_id>@shadow`) ended by a tombstone: an active version of
+    # their rule was published.
+    ended: list[str] = field(default_factory=list)
 
     @property
     def changed(self) -> bool:
@@ -57,6 +60,7 @@ class PublishResult:
             "unchanged": [r._asdict() for r in self.unchanged],
             "same_version": [r._asdict() for r in self.same_version],
             "offsets": {rid: {"partition": p, "offset": o} for rid, (p, o) in sorted(self.offsets.items())},
+            "ended": list(self.ended),
         }
 
 
@@ -124,18 +128,23 @@ def publish_rules(
     create_topics(bootstrap, {topic: RULES_TOPIC_SPEC}, timeout=timeout, role=ROLE, extra=client)
     live = current_rules(bootstrap, topic, timeout=timeout, client=client)
     result = PublishResult(topic=topic)
-    to_send: list[tuple[AnyRule, dict]] = []
+    to_send: list[tuple[str, str, dict | None]] = []
     for rule in ordered:
         data = rule_to_json_dict(rule)
-        ref = RuleRef(rule.rule_id, rule.version)
-        old = live.get(rule.rule_id)
+        ref = RuleRef(rule.live_id, rule.version)
+        old = live.get(rule.live_id)
         if old == data:
             result.unchanged.append(ref)
             continue
-        to_send.append((rule, data))
+        to_send.append((rule.live_id, rule.version, data))
         result.published.append(ref)
         if old is not None and old.get("version") == data["version"]:
             result.same_version.append(ref)
+        if rule.mode == "active" and shadow_id(rule.rule_id) in live:
+            # A version in force ends the rule's shadow (promoted, or replaced): a
+            # tombstone of its record, so the job stops running it.
+            to_send.append((shadow_id(rule.rule_id), "", None))
+            result.ended.append(shadow_id(rule.rule_id))
     if to_send:
         headers = _audit_headers(published_by, commit, published_at)
         result.offsets = _send(bootstrap, topic, to_send, headers, timeout, client)
@@ -165,13 +174,14 @@ def _audit_headers(
 def _send(
     bootstrap: str,
     topic: str,
-    items: list[tuple[AnyRule, dict]],
+    items: list[tuple[str, str, dict | None]],
     headers: list[tuple[str, bytes]],
     timeout: float,
     client: Mapping[str, object] | None = None,
 ) -> dict[str, tuple[int, int]]:
-    """Produce every item and wait for its acknowledgement; returns rule_id ->
-    (partition, offset) as the broker acknowledged them."""
+    """Produce every item (record key, version, rule document or None for a tombstone)
+    and wait for its acknowledgement; returns record key -> (partition, offset) as the
+    broker acknowledged them."""
     errors: list[str] = []
     offsets: dict[str, tuple[int, int]] = {}
 
@@ -194,9 +204,9 @@ def _send(
     from spark_jobs.kafka import signing
 
     signing_key = signing.key_from_env()
-    for rule, data in items:
-        rule_headers = [*headers, ("rule_version", rule.version.encode())]
-        key, value = rule.rule_id.encode("utf-8"), canonical_json(data)
+    for live_id, version, data in items:  # data None: a tombstone
+        rule_headers = [*headers, ("rule_version", version.encode())] if data is not None else list(headers)
+        key, value = live_id.encode("utf-8"), None if data is None else canonical_json(data)
         if signing_key is not None:
             # The job accepts only signed records (spark_jobs/kafka/signing.py).
             rule_headers.append((signing.HEADER, signing.sign(signing_key, key, value).encode()))

@@ -91,11 +91,11 @@ class StartRules:
 def drift(files: list[LoadedRule], live: Mapping[str, dict]) -> list[Drift]:
     """Rules whose file differs from the live record, and live rules without a file."""
     out = []
-    for lr in files:
-        old = live.get(lr.rule.rule_id)
+    for lr in files:  # by live id: a shadow file is the record `<rule_id>@shadow`
+        old = live.get(lr.rule.live_id)
         if old != rule_to_json_dict(lr.rule):
-            out.append(Drift(lr.rule.rule_id, lr.file, lr.rule.version, None if old is None else str(old.get("version"))))
-    named = {lr.rule.rule_id for lr in files}
+            out.append(Drift(lr.rule.live_id, lr.file, lr.rule.version, None if old is None else str(old.get("version"))))
+    named = {lr.rule.live_id for lr in files} | {lr.rule.rule_id for lr in files}
     out.extend(Drift(rid, None, None, str(r.get("version"))) for rid, r in sorted(live.items()) if rid not in named)
     return sorted(out, key=lambda d: d.rule_id)
 
@@ -169,11 +169,12 @@ def start_rules(
         "event": "published", "bootstrap": True, "commit": commit, "repo": top, "branch": branch,
         "dag_id": None, "run_id": None, "approved_by": None, "decided_by": {"id": None, "name": "rulectl up (start)"},
         "reason": f"rules.active was empty at platform start: published {source}",
-        "rules": [{"rule_id": lr.rule.rule_id, "version": lr.rule.version, "previous_version": None, "produced": True,
-                   "file": lr.file, **_where(offsets.get(lr.rule.rule_id))}
+        "rules": [{"rule_id": lr.rule.rule_id, "mode": lr.rule.mode, "version": lr.rule.version,
+                   "previous_version": None, "produced": True, "file": lr.file,
+                   **_where(offsets.get(lr.rule.live_id))}
                   for lr in sorted(loaded.rules, key=lambda lr: lr.rule.rule_id)],
     })
-    after = {lr.rule.rule_id: rule_to_json_dict(lr.rule) for lr in loaded.rules}
+    after = {lr.rule.live_id: rule_to_json_dict(lr.rule) for lr in loaded.rules}
     return StartRules(True, len(after), published=sent, source=source, drift=drift(files.rules, after),
                       uncommitted=uncommitted, record=record)
 

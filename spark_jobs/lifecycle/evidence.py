@@ -35,6 +35,7 @@ from pathlib import Path
 
 from spark_jobs.kafka.admin import KafkaRecord, read_all
 from spark_jobs.kafka.publisher import canonical_json
+from spark_jobs.rules.model import shadow_id
 
 SEP = "\u001f"
 READER = "reader"
@@ -160,21 +161,36 @@ def first_link(found: Found) -> Link:
 # --------------------------------------------------------------------------- the release
 
 
-def release_record(records: Iterable[Mapping], rule_id: str, version: str) -> tuple[dict, dict] | None:
-    """The audit's `published` record that produced this rule version, and its rule entry."""
+def release_record(records: Iterable[Mapping], rule_id: str, version: str,
+                   mode: str = "active") -> tuple[dict, dict] | None:
+    """The audit's `published` record that produced this rule version in this mode (a
+    shadow detection's release is the shadow's), and its rule entry."""
     for rec in reversed(list(records)):
         if rec.get("event") != "published":
             continue
         for entry in rec.get("rules") or []:
-            if entry.get("rule_id") == rule_id and str(entry.get("version")) == str(version) and entry.get("produced"):
+            if (entry.get("rule_id") == rule_id and str(entry.get("version")) == str(version) and entry.get("produced")
+                    and entry.get("mode", "active") == mode):
                 return dict(rec), dict(entry)
     return None
+
+
+def event_text(detection: bytes, rule_id: str) -> str:
+    """The event's text inside a detection: what comes before the rule's members, which
+    start with `"rule_id":` and its id (the detection record's spec); a trailing comma
+    and blanks cut, the closing brace not included."""
+    text = detection.decode("utf-8", errors="replace")
+    head = f'"rule_id":{json.dumps(rule_id, ensure_ascii=False)},"rule_version":'
+    cut = text.rfind(head)
+    return text[:cut].rstrip().rstrip(",") if cut > 0 else ""
 
 
 def rule_text_link(rules_records: list[KafkaRecord], rules_topic: str, release: Mapping, entry: Mapping) -> tuple[Link, dict | None]:
     """The rules.active record the release produced, and its rule document."""
     partition, offset = entry.get("partition"), entry.get("offset")
-    rule_id, version = entry["rule_id"], str(entry["version"])
+    version = str(entry["version"])
+    # The record key: the rule id, or `<rule_id>@shadow` for a shadow version.
+    rule_id = shadow_id(entry["rule_id"]) if entry.get("mode") == "shadow" else entry["rule_id"]
     if partition is None or offset is None:
         # An audit record written before the publish kept offsets: find the record.
         cands = [r for r in rules_records if (r.key or b"").decode() == rule_id and _version(r) == version]
@@ -293,10 +309,7 @@ def event_link(spark: object, table: str | None, found: Found, rule: Mapping | N
 
     from spark_jobs.archive.table import read_window
 
-    text = (found.record.value or b"").decode("utf-8", errors="replace")
-    head = f'"rule_id":{json.dumps(doc["rule_id"], ensure_ascii=False)},"rule_version":'
-    cut = text.rfind(head)
-    body = text[:cut].rstrip().rstrip(",") if cut > 0 else ""
+    body = event_text(found.record.value or b"", doc["rule_id"])
     seen = found.record.timestamp_ms
     start = datetime.fromtimestamp(seen / 1000, UTC) - timedelta(days=2)
     end = datetime.fromtimestamp(seen / 1000, UTC) + timedelta(seconds=1)
@@ -352,6 +365,7 @@ class Sources:
     bootstrap: str
     audit: list[dict]
     sink_topic: str = "events.processed"
+    shadow_topic: str = "events.shadow"
     rules_topic: str = "rules.active"
     archive_table: str | None = None
     repo: Path | None = None
@@ -368,6 +382,7 @@ class Sources:
         return cls(**{
             "bootstrap": settings.bootstrap, "audit": read_records(audit_dir),  # type: ignore[attr-defined]
             "sink_topic": settings.sink_topic, "rules_topic": settings.rules_topic,  # type: ignore[attr-defined]
+            "shadow_topic": settings.shadow_topic,  # type: ignore[attr-defined]
             "archive_table": settings.archive_table, "time_field": settings.time_field,  # type: ignore[attr-defined]
             **given,
         })
@@ -395,16 +410,22 @@ def recent_detections(bootstrap: str, sink_topic: str, last: int = 50, timeout: 
 def explain(detection_id: str, src: Sources, *, spark: object | None = None, replay: bool = False) -> Chain:
     """The chain of `detection_id`; `spark` (a session) for the event and the replay."""
     chain = Chain(detection_id)
-    found = find_detection(read_all(src.bootstrap, src.sink_topic, timeout=src.timeout, role=READER), detection_id)
+    found = None
+    for topic in (src.sink_topic, src.shadow_topic):  # a shadow version's detections are on the shadow topic
+        found = find_detection(read_all(src.bootstrap, topic, timeout=src.timeout, role=READER), detection_id)
+        if found is not None:
+            break
     if found is None:
-        chain.links.append(Link("detection", False, {"topic": src.sink_topic}, f"no detection {detection_id} on {src.sink_topic}"))
+        chain.links.append(Link("detection", False, {"topics": [src.sink_topic, src.shadow_topic]},
+                                f"no detection {detection_id} on {src.sink_topic} or {src.shadow_topic}"))
         return chain
     chain.links.append(detection_link(found))
     rule_id, version = found.doc["rule_id"], str(found.doc["rule_version"])
-    released = release_record(src.audit, rule_id, version)
+    mode = "shadow" if found.doc.get("mode") == "shadow" else "active"
+    released = release_record(src.audit, rule_id, version, mode)
     if released is None:
-        chain.links.append(Link("release", False, {"rule_id": rule_id, "version": version},
-                                f"the release audit has no published record of {rule_id} v{version}"))
+        chain.links.append(Link("release", False, {"rule_id": rule_id, "version": version, "mode": mode},
+                                f"the release audit has no published record of {rule_id} v{version} ({mode})"))
         return chain
     release, entry = released
     rules_records = read_all(src.bootstrap, src.rules_topic, timeout=src.timeout, role=READER)

@@ -24,7 +24,7 @@ from spark_jobs.lifecycle.history import compute_window, slice_inputs
 from spark_jobs.lifecycle.settings import LifecycleSettings
 from spark_jobs.report import RuleChange, build_report, load_backtest, write_report
 from spark_jobs.rules.loader import RuleError
-from spark_jobs.rules.model import AnyRule, parse_rule, rule_to_json_dict
+from spark_jobs.rules.model import AnyRule, base_id, parse_rule, rule_to_json_dict, shadow_id
 
 log = logging.getLogger(__name__)
 
@@ -236,10 +236,13 @@ def validate_candidate(candidate: Mapping, live_rules: Mapping[str, dict]) -> di
             )
     if errors:
         raise ValidationFailed([e.to_dict() for e in errors])
-    rules = {lr.rule.rule_id: rule_to_json_dict(lr.rule) for lr in report.rules}
-    files = {lr.rule.rule_id: lr.file for lr in report.rules}
+    # By live id, as rules.active keys them: a rule file in mode `shadow` is the record
+    # `<rule_id>@shadow`, released beside the version in force, which stays.
+    rules = {lr.rule.live_id: rule_to_json_dict(lr.rule) for lr in report.rules}
+    files = {lr.rule.live_id: lr.file for lr in report.rules}
     changed = sorted(rid for rid, r in rules.items() if live_rules.get(rid) != r)
-    removed = sorted(set(live_rules) - set(rules))
+    named = {base_id(rid) for rid in rules}
+    removed = sorted(rid for rid in live_rules if base_id(rid) not in named)
     return {
         "ok": True,
         "checkout": str(checkout),
@@ -439,7 +442,8 @@ def plan_release_backtests(
     changed = list(validation["changed_rule_ids"])
     history = plan_history(settings, validation["rules"], work=work)
     cand_rules = write_rules_dir(validation["rules"], work / "candidate_rules")
-    pub_rules = write_rules_dir(live_rules, work / "published_rules")
+    # The published side is the versions in force (a backtest runs one version of a rule).
+    pub_rules = write_rules_dir({k: v for k, v in live_rules.items() if base_id(k) == k}, work / "published_rules")
     # Both backtests run on the platform's warm Spark when it has one (no JVM start, a
     # JIT that has seen the engine's plans); the spec carries it to `backtest_args`.
     remote = settings.remote_url()
@@ -449,13 +453,13 @@ def plan_release_backtests(
         "report_dir": str(rdir),
         "candidate": {
             "rules_dir": str(cand_rules),
-            "only": changed,
+            "only": sorted({base_id(rid) for rid in changed}),
             "out_dir": str(work / "backtest_candidate"),
             "remote": remote,
         },
         "published": {
             "rules_dir": str(pub_rules),
-            "only": [rid for rid in changed if rid in live_rules],
+            "only": sorted({base_id(rid) for rid in changed if base_id(rid) in live_rules}),
             "out_dir": str(work / "backtest_published"),
             "remote": remote,
         },
@@ -512,7 +516,8 @@ def build_release_report(
     tfields = {**_time_fields(live_rules), **_time_fields(rules)}
     cand = load_backtest(plan["candidate"]["out_dir"], "candidate", tfields, settings.time_field)
     pub = load_backtest(plan["published"]["out_dir"] if plan["published"]["only"] else None, "published", tfields, settings.time_field)
-    changes = [RuleChange(rid, rules.get(rid), live_rules.get(rid)) for rid in changed]
+    # A shadow is compared with the version in force of its rule.
+    changes = [RuleChange(base_id(rid), rules.get(rid), live_rules.get(base_id(rid))) for rid in changed]
     ctx = {
         "commit": candidate["commit"],
         "commit_subject": candidate.get("subject"),
@@ -706,6 +711,13 @@ def approval_body(report: dict, url: str, topic: str, checksums: Mapping[str, st
             f"not eligible: {', '.join(md_code(a) for a in authors)}.",
             "",
         ]
+    lines += [
+        "**Release as** (a field of this form): *active* puts the candidate in force in place of the live "
+        "version; *shadow* runs it beside the live version on the same events, its detections going to "
+        f"{md_code('events.shadow')} only, never to the sink ({md_code('rulectl shadow RULE_ID')} compares them). "
+        "Making a shadow the version in force is a release of its own, approved like this one.",
+        "",
+    ]
     lines += watermark_lines(report.get("watermark"))
     if checksums and checksums.get("report.html"):
         lines += [f"Report checksum (SHA-256 of report.html): {md_code(checksums['report.html'])}", ""]
@@ -751,6 +763,7 @@ def approval_outcome(payload: Mapping | None) -> dict:
         "by": {"id": user.get("id"), "name": user.get("name")} if user else None,
         "at": at.isoformat() if hasattr(at, "isoformat") else at,
         "comment": params.get("comment") or None,
+        "release_as": "shadow" if params.get("release_as") == "shadow" else "active",
     }
 
 
@@ -772,18 +785,23 @@ def record_decision(
     settings = settings_of(candidate)
     live = (validation or {}).get("live_versions") or {}
     produced = set((published or {}).get("published") or [])
+    # Released as a shadow by the approver's choice: every rule's record is its shadow's.
+    as_shadow = (published or {}).get("mode") == "shadow"
     rules = []
     if validation:
         for rid in validation.get("changed_rule_ids", []):
+            mode = "shadow" if as_shadow else validation["rules"][rid].get("mode", "active")
+            key = shadow_id(base_id(rid)) if mode == "shadow" else rid
             rules.append(
                 {
-                    "rule_id": rid,
+                    "rule_id": base_id(rid),
+                    "mode": mode,
                     "version": validation["rules"][rid].get("version"),
-                    "previous_version": live.get(rid),
+                    "previous_version": live.get(base_id(rid)),
                     "file": (validation.get("files") or {}).get(rid),
-                    "produced": rid in produced if event == "published" else False,
+                    "produced": key in produced if event == "published" else False,
                     # Where the record went on rules.active (the evidence chain reads it back).
-                    **((published or {}).get("offsets") or {}).get(rid, {}),
+                    **((published or {}).get("offsets") or {}).get(key, {}),
                 }
             )
     approval = dict(approval or {})
@@ -801,6 +819,7 @@ def record_decision(
         "decided_by": approval.get("by"),
         "decided_at": approval.get("at"),
         "comment": approval.get("comment"),
+        "release_as": approval.get("release_as") if event == "published" else None,
         "report": report,
         "report_sha256": report_sha256,
         "authors": sorted({a.get("email") for a in candidate.get("authors") or [] if a.get("email")}),

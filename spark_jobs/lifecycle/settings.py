@@ -79,6 +79,7 @@ class LifecycleSettings:
     archive_vacuum_hours: float = 168.0
     time_field: str = "timestamp"
     sink_topic: str = "events.processed"
+    shadow_topic: str = "events.shadow"  # detections of shadow rule versions
     # Kafka: an Airflow connection (kafka type, extra {"bootstrap.servers": ...}) wins
     # over `bootstrap` when it exists.
     kafka_conn_id: str = "rules_kafka"

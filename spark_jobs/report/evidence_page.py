@@ -1,4 +1,5 @@
-"""The evidence chain as an HTML page (the Airflow UI's "Explain a detection" view).
+"""The evidence chain and the shadow diff as HTML pages (the Airflow UI's "Explain a
+detection" and "Shadow versions" views).
 
 Jinja2 with autoescape: every value on the page comes from an event, a rule file, a
 commit message or the audit, and none of them may add markup. The page is static HTML
@@ -73,3 +74,54 @@ def chain_page(chain: Mapping) -> str:
 
 def list_page(topic: str, detections: list[Mapping]) -> str:
     return _LIST.render(topic=topic, detections=detections, style=_STYLE)
+
+
+_SHADOW = _ENV.from_string("""<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>Shadow of {{ d.rule_id }}</title><style>{{ style }}</style></head>
+<body><main>
+<h1>Shadow of <code>{{ d.rule_id }}</code></h1>
+{% if not d.shadow_version %}
+<p id="summary">No shadow version of this rule is on rules.active.</p>
+{% else %}
+<p id="summary">Shadow version <code>{{ d.shadow_version }}</code> against version
+<code>{{ d.current_version or '-' }}</code> in force, since {{ d.since }}:
+<span id="both">{{ d.totals.both }}</span> events detected by both,
+<span id="only_shadow">{{ d.totals.only_shadow }}</span> only by the shadow,
+<span id="only_current">{{ d.totals.only_current }}</span> only by the version in force.</p>
+<table id="hours"><tr><th>hour (UTC)</th><th>both</th><th>only the shadow</th><th>only the version in force</th></tr>
+{% for h in d.hours %}
+<tr><td>{{ h.hour }}</td><td>{{ h.counts.both }}</td><td>{{ h.counts.only_shadow }}</td><td>{{ h.counts.only_current }}</td></tr>
+{% endfor %}
+</table>
+{% for h in d.hours %}{% for kind in ('only_shadow', 'only_current', 'both') if h.examples[kind] %}
+<h2 class="check">{{ h.hour }}: {{ kind | replace('_', ' ') }}</h2>
+{% for ex in h.examples[kind] %}<pre>{{ ex }}</pre>{% endfor %}
+{% endfor %}{% endfor %}
+{% endif %}
+<p class="check"><code>rulectl shadow {{ d.rule_id }}</code> prints the same.</p>
+</main></body></html>
+""")
+
+
+def shadow_page(diff: Mapping) -> str:
+    return _SHADOW.render(d=diff, style=_STYLE)
+
+
+_SHADOWS = _ENV.from_string("""<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>Shadow versions</title><style>{{ style }}</style></head>
+<body><main>
+<h1>Shadow versions</h1>
+<p class="check">Versions released as shadows run beside the version in force; open one for what it would change.</p>
+<table><tr><th>rule</th><th>shadow version</th><th>version in force</th></tr>
+{% for r in shadows %}
+<tr><td><a href="{{ r.rule_id }}">{{ r.rule_id }}</a></td><td>{{ r.version }}</td><td>{{ r.current or '-' }}</td></tr>
+{% else %}
+<tr><td colspan="3">No shadow version is running.</td></tr>
+{% endfor %}
+</table>
+</main></body></html>
+""")
+
+
+def shadows_page(shadows: list[Mapping]) -> str:
+    return _SHADOWS.render(shadows=shadows, style=_STYLE)

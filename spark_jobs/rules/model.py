@@ -132,6 +132,10 @@ class _RuleBase(_Strict):
         default_factory=list, description="Labels for people and reports (up to 50); not used by the engine.")
     owner: Annotated[str, Field(max_length=200)] | None = Field(
         None, description="Team or person responsible for the rule; not used by the engine.")
+    mode: Literal["active", "shadow"] = Field(
+        "active", description="`shadow`: the version runs in the live job beside the version in force, on the "
+        "same events, and its detections go to the shadow topic (`events.shadow`), never to the sink. Published "
+        "as the record `<rule_id>@shadow` of rules.active; releasing an active version of the rule ends it.")
 
     @field_validator("version", mode="before")
     @classmethod
@@ -143,6 +147,14 @@ class _RuleBase(_Strict):
         return v
 
     # Helpers shared by the engine; kept on the model so every caller agrees.
+    @property
+    def live_id(self) -> str:
+        """The rule's name in the live job and its key on rules.active: the rule id, or
+        `<rule_id>@shadow` for a shadow version (`@` is no rule id character), so a
+        shadow has state, a status entry and a record of its own beside the version
+        in force."""
+        return shadow_id(self.rule_id) if self.mode == "shadow" else self.rule_id
+
     @property
     def window_ms(self) -> int:
         """Window (velocity) or lookback (correlation) in milliseconds; 0 for threshold."""
@@ -338,8 +350,25 @@ def parse_rule(data: object) -> AnyRule:
 
 
 def rule_to_json_dict(rule: AnyRule) -> dict:
-    """The canonical JSON form: what is published to `rules.active` and compared."""
-    return rule.model_dump(mode="json")
+    """The canonical JSON form: what is published to `rules.active` and compared. The
+    default `mode` (active) is left out, so the form of every rule written before
+    shadows existed is unchanged."""
+    d = rule.model_dump(mode="json")
+    if d.get("mode") == "active":
+        del d["mode"]
+    return d
+
+
+SHADOW_SUFFIX = "@shadow"
+
+
+def shadow_id(rule_id: str) -> str:
+    return rule_id + SHADOW_SUFFIX
+
+
+def base_id(live_id: str) -> str:
+    """`<rule_id>@shadow` -> `<rule_id>`; a rule id as it is."""
+    return live_id.removesuffix(SHADOW_SUFFIX)
 
 
 def rule_json_schema() -> dict:

@@ -66,7 +66,7 @@ from spark_jobs.engine.velocity import velocity_members
 from spark_jobs.kafka import admin
 from spark_jobs.kafka.client_config import with_bootstrap
 from spark_jobs.kafka.spark_io import read_stream, write_stream
-from spark_jobs.rules.model import job_watermark_delay_s
+from spark_jobs.rules.model import SHADOW_SUFFIX, job_watermark_delay_s
 from spark_jobs.spark import shuffle_partitions
 from spark_jobs.streaming.jvm_operator import KeyBucketing, keyed_operator
 from spark_jobs.streaming.keyed_input import SKIP_SEP, key_rows
@@ -95,6 +95,8 @@ class DetectConfig:
     dead_letter_topic: str = "events.deadletter"
     rules_topic: str = "rules.active"
     status_topic: str = "detect.status"
+    # Detections of shadow versions (rule mode `shadow`): never the sink.
+    shadow_topic: str = "events.shadow"
     checkpoint: Path = Path("var/detect/checkpoint")
     trigger_ms: int = 500
     max_offsets_per_trigger: int = 100_000
@@ -304,6 +306,16 @@ def kafka_records(rows: DataFrame, kind: Column, members: Column, cfg: DetectCon
     branch: the operators' output split by kind would be two copies of the chain (each
     with its own state, every key processed twice) and two scans of the topics.
     """
+    # A shadow version's rows name it by its live id, `<rule_id>@shadow` (`@` is no rule
+    # id character): its detections go to the shadow topic, named by the rule id, with
+    # `"mode":"shadow"` among their members, and their id is the one the same version
+    # would give in force. One test of the id per row, in the plan whatever the rules.
+    shadow = F.coalesce(F.col("rule_id").endswith(SHADOW_SUFFIX), F.lit(False)) & (kind == F.lit("detection"))
+    rule_id = F.substring(F.col("rule_id"), F.lit(1), F.length("rule_id") - F.lit(len(SHADOW_SUFFIX)))
+    rows = rows.withColumn("_shadow", shadow).withColumn(
+        "rule_id", F.when(F.col("_shadow"), rule_id).otherwise(F.col("rule_id")))
+    members = F.when(F.col("_shadow"), F.concat_ws(",", F.lit('"mode":"shadow"'), F.when(members != F.lit(""), members))
+                     ).otherwise(members)
     raw_bytes = F.octet_length(F.col("raw"))
     too_big = F.coalesce(raw_bytes > F.lit(MAX_RECORD_BYTES), F.lit(False))
     det = kind == F.lit("detection")
@@ -325,7 +337,8 @@ def kafka_records(rows: DataFrame, kind: Column, members: Column, cfg: DetectCon
         {"ignoreNullFields": "false"},
     )
     return rows.select(
-        F.when(det, F.lit(cfg.sink_topic)).otherwise(F.lit(cfg.dead_letter_topic)).alias("topic"),
+        F.when(det & F.col("_shadow"), F.lit(cfg.shadow_topic)).when(det, F.lit(cfg.sink_topic))
+        .otherwise(F.lit(cfg.dead_letter_topic)).alias("topic"),
         F.when(det, F.col("rule_id")).alias("key"),
         F.when(det, detection).otherwise(dead_value).alias("value"),
     )
@@ -788,7 +801,8 @@ def run(cfg: DetectConfig, stop: threading.Event | None = None) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
     plan_layout(cfg)  # an old checkpoint fails here, before anything is started
-    admin.create_topics(cfg.bootstrap, [cfg.sink_topic, cfg.dead_letter_topic, cfg.status_topic, cfg.rules_topic],
+    admin.create_topics(cfg.bootstrap, [cfg.sink_topic, cfg.shadow_topic, cfg.dead_letter_topic, cfg.status_topic,
+                                         cfg.rules_topic],
                         role=ROLE)
     dlq = Producer(with_bootstrap(cfg.bootstrap, ROLE))
     registry = RuleRegistry(cfg.bootstrap, cfg.state_dir, cfg.rules_topic, role=ROLE,

@@ -49,7 +49,8 @@ class RuleProblem:
 
 @dataclass
 class RuleSet:
-    """Rules in force, by rule_id (disabled rules removed)."""
+    """Rules in force, by live id (the rule id; `<rule_id>@shadow` for a shadow
+    version), disabled rules removed."""
 
     rules: dict[str, AnyRule] = field(default_factory=dict)
 
@@ -110,10 +111,13 @@ def apply_record(rules: dict[str, AnyRule], key: str | None, value: bytes | None
         return _problem(offset, key, raw, f"invalid rule: {detail}")
     except (RecursionError, ValueError, TypeError, OverflowError, MemoryError) as exc:
         return _problem(offset, key, raw, f"invalid rule: cannot read it ({type(exc).__name__}: {str(exc)[:300]})")
-    if key and key != rule.rule_id:
-        return _problem(offset, key, raw, f"invalid rule: record key {key!r} != rule_id {rule.rule_id!r}")
+    if key and key != rule.live_id:
+        # The key of a rule is its id; of a shadow version, `<rule_id>@shadow`.
+        return _problem(offset, key, raw, f"invalid rule: record key {key!r} != {rule.live_id!r} "
+                                          f"(rule_id {rule.rule_id!r}, mode {rule.mode})")
     body = json.dumps(rule_to_json_dict(rule), sort_keys=True)
-    before = seen.get(rule.rule_id)
+    live_id = rule.live_id  # a shadow's versions move on their own, beside the active ones
+    before = seen.get(live_id)
     if before is not None:
         order = compare_versions(rule.version, before[0])
         if order < 0:
@@ -124,11 +128,11 @@ def apply_record(rules: dict[str, AnyRule], key: str | None, value: bytes | None
                 return None  # the same record again (a re-publish): nothing to do
             return _problem(offset, key, raw, f"rule version not newer: {rule.rule_id!r} version {rule.version!r} "
                                               "was already applied with another body; bump the version")
-    seen[rule.rule_id] = (rule.version, body)
+    seen[live_id] = (rule.version, body)
     if rule.enabled:
-        rules[rule.rule_id] = rule
+        rules[live_id] = rule
     else:
-        rules.pop(rule.rule_id, None)
+        rules.pop(live_id, None)
     return None
 
 

@@ -77,7 +77,9 @@ def rule_rows(rule: AnyRule, routed_topic: str) -> list[RuleRow]:
 
     def row(role: str, topic: str, event_time: bool, conditions: list[Cond], key_path: str | None,
             ts_path: str | None, val_path: str | None, val_need: str, route_from: str | None = None) -> RuleRow:
-        return RuleRow(rule.rule_id, rule.version, rule.rule_type, role, topic, route_from, rj, event_time,
+        # A shadow version plays its roles under its live id (`<rule_id>@shadow`): its own
+        # state, and the sink projection routes its detections to the shadow topic.
+        return RuleRow(rule.live_id, rule.version, rule.rule_type, role, topic, route_from, rj, event_time,
                        tuple(conditions), key_path, ts_path, val_path, val_need)
 
     if isinstance(rule, ThresholdRule):

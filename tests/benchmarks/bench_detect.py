@@ -20,6 +20,12 @@ publish (acknowledged by the broker) to the first detection of a version 2 rule 
 sink, to the status naming every version 2 rule, and whether the query ran on (its run
 id unchanged: no restart).
 
+`--shadows N` also publishes a shadow (issue 39: `mode: shadow`, version 2, the same
+conditions) of N of the rules, half threshold and half velocity: the job then judges
+every event with both versions of those rules and writes the shadows' detections to
+`events.shadow`. `--compare-shadows N` runs the benchmark twice back to back, without
+shadows and with N, and prints (and records) the ratios of rate and latency.
+
 `--warmup S` first produces S seconds of the same load (events marked `warmup`, left out
 of every figure) and waits for the job to catch up: the figures are then those of a job
 whose JIT has seen the load, not of its first batches (a just-started job, compiled
@@ -46,7 +52,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1])]
 from bench_backtest import make_rules  # noqa: E402
 from detect_harness import DetectJob  # noqa: E402
-from record import append_result  # noqa: E402
+from record import RESULTS, append_result  # noqa: E402
 from stage_times import event_log_conf, keyed_stage_times  # noqa: E402
 
 from spark_jobs.kafka.broker import EmbeddedBroker, free_port  # noqa: E402
@@ -202,7 +208,13 @@ def main() -> None:
                     help="scale the velocity rules' windows (30-120 s) by this factor: what window size costs")
     ap.add_argument("--event-log", action="store_true",
                     help="write Spark's event log and print where the keyed query's batches spend their time")
+    ap.add_argument("--shadows", type=int, default=0, help="publish a shadow version of N of the rules")
+    ap.add_argument("--compare-shadows", type=int, default=0, metavar="N",
+                    help="run without shadows, then with N, and record the ratios")
     args = ap.parse_args()
+    if args.compare_shadows:
+        compare_shadows(args.compare_shadows)
+        return
     work = Path(tempfile.mkdtemp(prefix="bench-detect-"))
     if args.event_log:
         # The job is its own process: it reads spark-defaults.conf from $SPARK_CONF_DIR.
@@ -217,6 +229,8 @@ def main() -> None:
         rules = [parse_rule(r) for r in [*yaml.safe_load((rules_dir / "bench.yaml").read_text()),
                                          *rare_rules(args.rare_rules)]]
         publish_rules(rules, broker.bootstrap)
+        if args.shadows:
+            publish_rules(shadows_of(rules, args.shadows), broker.bootstrap)
         job = DetectJob(broker.bootstrap, work / "job", trigger_ms=args.trigger_ms,
                         extra_args=("--threshold-lane", args.threshold_lane))
         job.start(timeout=300)
@@ -271,7 +285,44 @@ def main() -> None:
         figures.update({f"rule_change_{k}": v for k, v in change.items()})
     append_result("detect", figures, rate=args.rate, seconds=args.seconds, users=args.users,
                   trigger_ms=args.trigger_ms, warmup_s=args.warmup, rules=len(rules), threshold_lane=args.threshold_lane,
-                  window_scale=args.window_scale if args.window_scale != 1.0 else None)
+                  window_scale=args.window_scale if args.window_scale != 1.0 else None, shadows=args.shadows or None)
+
+
+def shadows_of(rules: list, n: int) -> list:
+    """Shadows (version 2, the same conditions) of n rules: half threshold, half velocity."""
+    picked = ([r for r in rules if r.rule_type == "threshold"][: n - n // 2]
+              + [r for r in rules if r.rule_type == "velocity"][: n // 2])
+    return [r.model_copy(update={"version": "2", "mode": "shadow"}) for r in picked]
+
+
+def _batch_ratio(base: dict, other: dict) -> float | None:
+    """Ratio of the keyed query's median batch time (the `total` of median_batch_ms)."""
+    a, b = (r.get("median_batch_ms") or {} for r in (base, other))
+    key = next((k for k in ("total", "triggerExecution", "batch") if k in a and k in b), None)
+    return round(b[key] / a[key], 2) if key and a[key] else None
+
+
+def compare_shadows(n: int) -> None:
+    """This benchmark without shadows, then with `n`, one after the other; the ratios of
+    the second run's figures to the first's, recorded as their own row."""
+    import subprocess
+
+    argv = [a for a in sys.argv[1:] if not a.startswith("--compare-shadows")]
+    if "--compare-shadows" in sys.argv:
+        i = sys.argv.index("--compare-shadows")
+        argv = sys.argv[1:i] + sys.argv[i + 2:]
+    rows = []
+    for shadows in (0, n):
+        subprocess.run([sys.executable, __file__, *argv, *(["--shadows", str(shadows)] if shadows else [])], check=True)
+        rows.append(json.loads(RESULTS.read_text().splitlines()[-1]))
+    base, with_shadows = rows
+    ratios = {f"{k}_ratio": round(with_shadows[k] / base[k], 2)
+              for k in ("events_per_s", "latency_p50_s", "latency_p99_s", "threshold_p99_s", "velocity_p99_s")
+              if isinstance(base.get(k), int | float) and base[k] and isinstance(with_shadows.get(k), int | float)}
+    ratios["batch_ms_ratio"] = _batch_ratio(base, with_shadows)
+    print(f"with {n} shadows / without: " + ", ".join(f"{k} {v}" for k, v in ratios.items()))
+    append_result("detect_shadows", ratios, shadows=n, rate=base.get("rate"), seconds=base.get("seconds"),
+                  warmup_s=base.get("warmup_s"), threshold_lane=base.get("threshold_lane"))
 
 
 if __name__ == "__main__":

@@ -201,11 +201,28 @@ class Platform:
         return audit.read_records(self.workdir / "airflow" / "rule_lifecycle" / "audit")
 
 
+# A rule of the test's own events (type `probe`), published with the demo's rules at the
+# first start; the shadow test releases its version 2 as a shadow, then in force.
+PROBE = """rule_id: probe_amount
+version: "{version}"
+rule_type: threshold
+source_topic: events.raw
+conditions:
+{conditions}
+"""
+PROBE_V1 = """  - {field: type, operator: "==", value: probe}
+  - {field: amount, operator: ">=", value: 50}"""
+PROBE_V2 = """  - {field: type, operator: "==", value: probe}
+  - {field: amount, operator: ">=", value: 20}
+  - {field: amount, operator: "<=", value: 70}"""
+
+
 @pytest.fixture(scope="module")
 def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
     base = tmp_path_factory.mktemp("platform-up")
     repo = base / "rules-repo"
     shutil.copytree(ROOT / "rules", repo / "rules")
+    (repo / "rules" / "probe_amount.yaml").write_text(PROBE.format(version="1", conditions=PROBE_V1))
     _git(base, "init", "-q", "-b", "main", str(repo))
     _git(repo, "add", "-A")
     _git(repo, "commit", "-qm", "the demo's rules")
@@ -334,6 +351,91 @@ def test_explain_prints_every_link_of_a_released_detection(platform: Platform) -
         assert shown == [[name, "True"] for name in list(links)[:-1]], shown
         page = browser.text()
         assert commit in page and "approver" in page and report["sha256"] in page
+
+
+def _probe(platform: Platform, tag: str, amount: int) -> None:
+    from confluent_kafka import Producer
+
+    from spark_jobs.kafka.client_config import with_bootstrap
+
+    producer = Producer(with_bootstrap(platform.bootstrap, "producer"))
+    producer.produce("events.raw", json.dumps({"type": "probe", "probe": tag, "amount": amount}).encode())
+    assert producer.flush(30) == 0
+
+
+def _approve(platform: Platform, detail: dict, params: dict) -> None:
+    ti = detail["task_instance"]
+    hitl = f"/dags/rule_release/dagRuns/{ti['dag_run_id']}/taskInstances/{ti['task_id']}/-1/hitlDetails"
+    status, body = platform.api("PATCH", hitl, {"chosen_options": ["Approve"], "params_input": params}, user="approver")
+    assert status == 200, body
+
+
+def _wait_status(platform: Platform, pred, timeout: float = 300) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        st = platform.job_status()
+        if pred(st.get("rule_versions") or {}):
+            return st
+        time.sleep(2)
+    raise AssertionError(f"the job's rules never got there: {platform.job_status().get('rule_versions')}")
+
+
+def test_a_shadow_release_is_approved_compared_in_the_ui_and_promoted(platform: Platform) -> None:
+    """Issue 39: commit, backtest, approval as a shadow by an approver who is not the
+    author, live events, the diff page in Chromium against counts worked out by hand,
+    then the promotion (a second approval); the sink never gets a shadow detection."""
+    platform.wait_for_api()
+    platform.wait_for_job()
+    path = platform.repo / "rules" / "probe_amount.yaml"
+    path.write_text(PROBE.format(version="2", conditions=PROBE_V2))
+    _git(platform.repo, "commit", "-qam", "probe_amount: 20 to 70")
+    commit = _git(platform.repo, "rev-parse", "HEAD")
+    _approve(platform, _pending_approval(platform), {"comment": "watch it first", "release_as": "shadow"})
+    _wait_status(platform, lambda v: v.get("probe_amount@shadow") == "2" and v.get("probe_amount") == "1")
+    shadow_rec = [r for r in platform.audit() if r.get("event") == "published" and r.get("commit") == commit]
+    assert [(e["rule_id"], e["mode"], e["version"]) for e in shadow_rec[-1]["rules"]] == [("probe_amount", "shadow", "2")]
+
+    for tag, amount in (("a", 10), ("b", 25), ("c", 60), ("d", 80), ("e", 30)):
+        _probe(platform, tag, amount)
+    # By hand: in force (>= 50) c, d; the shadow (20..70) b, c, e.
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        shadow = [json.loads(r.value) for r in _read(platform, "events.shadow") if b'"probe"' in (r.value or b"")]
+        sink = [json.loads(r.value) for r in _read(platform, "events.processed") if b'"probe":' in (r.value or b"")]
+        if len(shadow) >= 3 and len(sink) >= 2:
+            break
+        time.sleep(3)
+    assert sorted((d["probe"], d["rule_version"], d.get("mode")) for d in shadow) == [
+        ("b", "2", "shadow"), ("c", "2", "shadow"), ("e", "2", "shadow")]
+    assert sorted((d["probe"], d["rule_version"]) for d in sink) == [("c", "1"), ("d", "1")]
+
+    if chromium_available():
+        with Chromium() as browser:
+            browser.login(platform.base_url, "viewer", platform.password("viewer"))
+            browser.goto(f"{platform.base_url}/rule-reports/shadows/")
+            browser.wait_for("document.body.innerText.includes('probe_amount')", timeout=60)
+            browser.goto(f"{platform.base_url}/rule-reports/shadows/probe_amount")
+            browser.wait_for("document.getElementById('summary') !== null", timeout=60)
+            counts = browser.evaluate("['both', 'only_shadow', 'only_current'].map(i => document.getElementById(i).innerText)")
+            assert counts == ["1", "2", "1"], counts
+            assert '"probe": "d"' in browser.text()  # the example of what only the version in force caught
+
+    # The promotion: the same commit released again, in force this time (a second approval).
+    status, body = platform.api("POST", "/dags/rule_release/dagRuns", {"logical_date": None, "conf": {"commit": commit}})
+    assert status == 200, body
+    _approve(platform, _pending_approval(platform), {"comment": "promote", "release_as": "active"})
+    _wait_status(platform, lambda v: v.get("probe_amount") == "2" and "probe_amount@shadow" not in v)
+    _probe(platform, "f", 25)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        f = [json.loads(r.value) for r in _read(platform, "events.processed") if b'"probe": "f"' in (r.value or b"")]
+        if f:
+            break
+        time.sleep(3)
+    assert [(d["rule_version"], d.get("mode")) for d in f] == [("2", None)]
+    # Never a shadow detection on the sink, nor a detection of the promoted event on the shadow topic.
+    assert not [r for r in _read(platform, "events.processed") if b'"mode":"shadow"' in (r.value or b"")]
+    assert not [r for r in _read(platform, "events.shadow") if b'"probe": "f"' in (r.value or b"")]
 
 
 def _finished(runs: list[dict]) -> list[dict]:

@@ -75,6 +75,14 @@ def test_the_rule_record_must_carry_the_releases_commit() -> None:
     assert link.ok is False and "version" in link.check
     link, _ = rule_text_link(topic, "rules.active", {"commit": "c3"}, {**entry, "offset": 7})
     assert link.ok is False and "no record" in link.check
+    # A shadow version's record is keyed `<rule_id>@shadow`.
+    shadow = {"rule_id": "r1", "version": "3", "mode": "shadow"}
+    topic.append(_rec("rules.active", 2, shadow, key="r1@shadow", headers=(("commit", b"c4"),)))
+    link, doc = rule_text_link(topic, "rules.active", {"commit": "c4"}, {**entry, "version": "3", "offset": 2,
+                                                                          "mode": "shadow"})
+    assert link.ok is True and doc == shadow
+    link, _ = rule_text_link(topic, "rules.active", {"commit": "c4"}, {**entry, "version": "3", "offset": 2})
+    assert link.ok is False and "key" in link.check
 
 
 def test_a_report_changed_after_the_approval_breaks_the_chain(tmp_path: Path) -> None:

@@ -57,7 +57,7 @@ def test_approval_page_renders_git_text_as_text() -> None:
     assert re.findall(r"<a href=\"([^\"]*)\"", html) == ["/rule-reports/dags/rule_release/runs/r1/"]
     for tag in ("<img", "<b>", "<script", "<u>", "<i>"):
         assert tag not in html, tag
-    assert html.count("<strong>") == 3  # "Commit", the report link, "Rule diff:"; not the subject's
+    assert html.count("<strong>") == 4  # "Commit", the report link, "Release as", "Rule diff:"; not the subject's
     assert "mailto:" not in html
     # ... and the text reads as written (HTML-escaped by the renderer).
     assert "fix **APPROVED BY SECURITY** [docs](http://evil.example/x) &lt;img src=x onerror=alert(1)&gt; | x |" in html
