@@ -189,6 +189,18 @@ class ReleaseApprovalOperator(ApprovalOperator):
     both answers, and stated in the task log.
     """
 
+    def validate_params_input(self, params_input: Any) -> None:
+        """A response may leave fields out (their defaults apply: no comment, `release_as`
+        active), as REST callers written before a field existed do; a field the form
+        does not have, or a value its schema refuses, is still refused (the task fails:
+        nothing is published)."""
+        unknown = set(params_input or {}) - set(self.serialized_params.keys())
+        if unknown:
+            raise ValueError(f"params_input fields {sorted(unknown)} are not fields of this approval: "
+                             f"{sorted(self.serialized_params.keys())}")
+        for name, value in (params_input or {}).items():
+            self.params.get_param(name).resolve(value)  # the field's schema (e.g. release_as's enum)
+
     def execute_complete(self, context: Any, event: dict[str, Any]) -> Any:
         if "error" not in event:
             user = event.get("responded_by_user") or {}

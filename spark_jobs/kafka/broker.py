@@ -33,6 +33,7 @@ DEFAULT_TOPICS: tuple[str, ...] = (
     "context.raw",
     "rules.active",
     "events.processed",
+    "events.shadow",
     "events.deadletter",
     "detect.status",
 )
@@ -60,6 +61,7 @@ TOPIC_CONFIGS: dict[str, dict[str, str]] = {
     "events.raw": {"retention.ms": str(7 * _DAY_MS)},
     "context.raw": {"retention.ms": str(7 * _DAY_MS)},
     "events.processed": {"retention.ms": str(7 * _DAY_MS)},
+    "events.shadow": {"retention.ms": str(7 * _DAY_MS)},
     "events.deadletter": {"retention.ms": str(30 * _DAY_MS)},
 }
 

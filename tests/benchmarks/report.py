@@ -85,7 +85,7 @@ BENCHES = {
         "Spark's event log and reads the keyed query's CPU per batch, stage by stage, from it (stage_times.py).",
         f"{PY}bench_detect.py --rate 20000 --seconds 30 --users 2000 --warmup 20",
         [("rate", "target events/s"), ("seconds", "s"), ("warmup_s", "warm-up s"), ("rules", "rules"),
-         ("threshold_lane", "threshold lane"), ("window_scale", "window scale")],
+         ("threshold_lane", "threshold lane"), ("window_scale", "window scale"), ("shadows", "shadows")],
         [("events_per_s", "sustained events/s"), ("latency_p50_s", "p50 s"), ("latency_p99_s", "p99 s"),
          ("threshold_p50_s", "threshold p50 s"), ("threshold_p99_s", "threshold p99 s"),
          ("velocity_p99_s", "velocity p99 s"),
@@ -95,6 +95,17 @@ BENCHES = {
          ("keyed_stages.scan.cpu_ms_mean", "keyed batch CPU ms: scan"),
          ("keyed_stages.first operator.cpu_ms_mean", "first operator"),
          ("keyed_stages.second operator.cpu_ms_mean", "second operator")]),
+    "detect_shadows": Bench(
+        "bench_detect.py",
+        "What shadow versions cost the live job: `bench_detect.py --compare-shadows N` runs the live benchmark "
+        "twice, one run after the other, without shadows and then with a shadow (mode shadow, version 2, the "
+        "same conditions) of N of its rules, half threshold and half velocity; each figure is the run with "
+        "shadows over the run without (rate: higher is better; latency and batch time: lower is better).",
+        f"{PY}bench_detect.py --rate 5000 --seconds 30 --warmup 20 --compare-shadows 10",
+        [("shadows", "shadows"), ("rate", "target events/s"), ("seconds", "s"), ("threshold_lane", "threshold lane")],
+        [("events_per_s_ratio", "sustained rate ratio"), ("latency_p50_s_ratio", "p50 ratio"),
+         ("latency_p99_s_ratio", "p99 ratio"), ("threshold_p99_s_ratio", "threshold p99 ratio"),
+         ("velocity_p99_s_ratio", "velocity p99 ratio"), ("batch_ms_ratio", "keyed batch time ratio")]),
     "backlog": Bench(
         "bench_backlog.py",
         "Backlog drain: the live job draining a backlog (threshold and event-time velocity rules; "

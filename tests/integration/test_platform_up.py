@@ -249,12 +249,22 @@ def _read(platform: Platform, topic: str) -> list:
 
 
 def _pending_approval(platform: Platform, timeout: float = 900) -> dict:
+    """The newest approval waiting for an answer, once it has waited a few seconds: an
+    answer given within about a second of the request can reach the task instance before
+    the scheduler has seen its worker pause, and Airflow (3.3) then retries the task,
+    which asks again (seen in this test: "finished with state success, but the task
+    instance's state attribute is queued"). People take longer than that."""
     deadline = time.monotonic() + timeout
+    seen_at: float | None = None
     while time.monotonic() < deadline:
         status, body = platform.api("GET", "/dags/rule_release/dagRuns/~/hitlDetails?response_received=false")
         pending = [d for d in body.get("hitl_details", []) if not d.get("response_received")] if status == 200 else []
-        if pending:
+        if pending and seen_at is not None and time.monotonic() - seen_at >= 5:
             return pending[-1]
+        seen_at = (seen_at or time.monotonic()) if pending else None
+        if pending:
+            time.sleep(1)
+            continue
         failed = [r for r in platform.runs("rule_release") if r["state"] == "failed"]
         assert not failed, f"a release run failed: {failed}"
         time.sleep(5)
