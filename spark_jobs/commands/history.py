@@ -77,6 +77,8 @@ def run(args: argparse.Namespace) -> int:
             "no_change": "unchanged",
         }.get(r["event"], r["event"])
         by = f" by {r['by']}" if r.get("by") else ""
+        if r.get("mode") == "shadow":
+            what += " as a shadow"
         line = f"{r.get('at') or '?'}  version {r['version']}{prev}  {what}{by}  commit {str(r.get('commit'))[:12]}"
         if r.get("comment") or r.get("reason"):
             line += f"  — {r.get('comment') or r.get('reason')}"

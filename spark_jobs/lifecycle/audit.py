@@ -175,6 +175,7 @@ def rule_history(records: Iterable[dict], rule_id: str) -> list[dict]:
                     "event": rec.get("event"),
                     "rule_id": rule_id,
                     "version": r.get("version"),
+                    "mode": r.get("mode", "active"),
                     "previous_version": r.get("previous_version"),
                     "produced": r.get("produced"),
                     "commit": rec.get("commit"),

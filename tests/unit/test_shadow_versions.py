@@ -59,3 +59,19 @@ def test_the_diff_counts_each_event_once_in_the_hour_of_its_first_detection() ->
         ("1970-01-01T10:00Z", {"both": 1, "only_shadow": 1, "only_current": 0}),
         ("1970-01-01T11:00Z", {"both": 0, "only_shadow": 0, "only_current": 1})]
     assert d.hours[1].examples["only_current"] == [json.dumps(ev[2])]
+
+
+def test_history_says_a_version_was_published_as_a_shadow(tmp_path, capsys) -> None:
+    from spark_jobs.cli import main
+    from spark_jobs.lifecycle import audit
+
+    audit.append_record(tmp_path, {"event": "published", "commit": "a" * 40, "approved_by": {"name": "carol"},
+                                   "rules": [{"rule_id": "buy", "version": "2", "mode": "shadow", "produced": True,
+                                              "previous_version": "1"}]})
+    audit.append_record(tmp_path, {"event": "published", "commit": "b" * 40, "approved_by": {"name": "dave"},
+                                   "rules": [{"rule_id": "buy", "version": "2", "produced": True,
+                                              "previous_version": "1"}]})
+    assert main(["history", "buy", "--audit-dir", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert "published as a shadow by carol" in lines[0] and "aaaaaaaaaaaa" in lines[0]
+    assert "published by dave" in lines[1] and "shadow" not in lines[1]
