@@ -15,6 +15,7 @@ from airflow.providers.common.compat.sdk import AirflowSkipException, BaseOperat
 from airflow.providers.standard.operators.hitl import ApprovalOperator
 
 from rule_lifecycle.hooks import RuleSparkSubmitHook, RulesTopicHook
+from spark_jobs.rules.model import shadow_id
 
 
 class PublishRulesOperator(BaseOperator):
@@ -71,7 +72,7 @@ class PublishRulesOperator(BaseOperator):
         published = sorted(_ids(getattr(result, "published", [])))
         unchanged = sorted(_ids(getattr(result, "unchanged", [])))
         for r in rules:
-            live_id = f"{r['rule_id']}@shadow" if r.get("mode") == "shadow" else r["rule_id"]
+            live_id = shadow_id(r["rule_id"]) if r.get("mode") == "shadow" else r["rule_id"]
             state = "published" if live_id in published else "already live"
             self.log.info("%s version %s: %s", r["rule_id"], r.get("version"), state)
         offsets = result.to_dict().get("offsets", {}) if hasattr(result, "to_dict") else {}

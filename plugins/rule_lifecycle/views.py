@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import html
 import mimetypes
-import re
 from pathlib import Path
 
 from fastapi import Depends, FastAPI, HTTPException, Request, Response
@@ -170,9 +169,6 @@ def index() -> HTMLResponse:
     )
 
 
-DETECTION_ID = re.compile(r"^[0-9a-f]{32}$")
-
-
 @app.get("/detections/", dependencies=_ANY_DAG_ACCESS, response_class=HTMLResponse)
 def detections_index() -> HTMLResponse:
     """The newest detections on the sink, each a link to its evidence chain."""
@@ -188,9 +184,10 @@ def detection_chain(detection_id: str) -> HTMLResponse:
     """The evidence chain of one detection (spark_jobs/lifecycle/evidence.py). The
     event is looked up in the archive on the platform's Spark Connect server; without
     one the page says so (a page view does not start a JVM in the api-server)."""
+    from spark_jobs.lifecycle.evidence import DETECTION_ID, Sources, explain
+
     if not DETECTION_ID.match(detection_id):
         raise HTTPException(404, "Not a detection id")
-    from spark_jobs.lifecycle.evidence import Sources, explain
     from spark_jobs.report.evidence_page import chain_page
 
     settings = _server_settings()
@@ -208,9 +205,6 @@ def detection_chain(detection_id: str) -> HTMLResponse:
     return HTMLResponse(chain_page(chain.to_dict()))
 
 
-RULE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,199}$")
-
-
 @app.get("/shadows/", dependencies=_ANY_DAG_ACCESS, response_class=HTMLResponse)
 def shadows_index() -> HTMLResponse:
     """The shadow versions on rules.active, each a link to its diff."""
@@ -225,19 +219,14 @@ def shadows_index() -> HTMLResponse:
 @app.get("/shadows/{rule_id}", dependencies=_ANY_DAG_ACCESS, response_class=HTMLResponse)
 def shadow_diff(rule_id: str) -> HTMLResponse:
     """A rule's shadow version against its version in force (spark_jobs/lifecycle/shadow.py)."""
-    if not RULE_ID.match(rule_id):
-        raise HTTPException(404, "Not a rule id")
-    from spark_jobs.kafka.admin import read_all
-    from spark_jobs.lifecycle.shadow import diff
+    from spark_jobs.lifecycle.shadow import read_diff
     from spark_jobs.report.evidence_page import shadow_page
+    from spark_jobs.rules.model import RULE_ID
 
+    if len(rule_id) > 200 or not RULE_ID.match(rule_id):
+        raise HTTPException(404, "Not a rule id")
     s = _server_settings()
-
-    def read(topic: str) -> list:
-        return read_all(s.bootstrap, topic, timeout=60, role="reader")
-
-    result = diff(read(s.sink_topic), read(s.shadow_topic), read(s.rules_topic), rule_id)
-    return HTMLResponse(shadow_page(result.to_dict()))
+    return HTMLResponse(shadow_page(read_diff(s.bootstrap, rule_id, s.sink_topic, s.shadow_topic, s.rules_topic).to_dict()))
 
 
 def report_href_template() -> str:

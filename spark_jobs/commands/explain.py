@@ -19,11 +19,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 from pathlib import Path
-
-ID = re.compile(r"^[0-9a-f]{32}$")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -67,9 +64,9 @@ def sources(args: argparse.Namespace):  # -> evidence.Sources
 
 
 def run(args: argparse.Namespace) -> int:
-    from spark_jobs.lifecycle.evidence import explain
+    from spark_jobs.lifecycle.evidence import DETECTION_ID, explain
 
-    if not ID.match(args.detection_id):
+    if not DETECTION_ID.match(args.detection_id):
         print(f"rulectl explain: {args.detection_id!r} is not a detection id (32 lowercase hex characters)", file=sys.stderr)
         return 2
     src = sources(args)

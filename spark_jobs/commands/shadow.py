@@ -29,15 +29,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from spark_jobs.commands.explain import _platform
-    from spark_jobs.kafka.admin import read_all
-    from spark_jobs.lifecycle.shadow import diff
+    from spark_jobs.lifecycle.shadow import read_diff
 
     bootstrap = args.bootstrap or _platform().get("bootstrap") or os.environ.get("KAFKA_BOOTSTRAP", "127.0.0.1:9092")
-
-    def read(topic: str) -> list:
-        return read_all(bootstrap, topic, timeout=60, role="reader")
-
-    result = diff(read(args.sink_topic), read(args.shadow_topic), read(args.rules_topic), args.rule_id)
+    result = read_diff(bootstrap, args.rule_id, args.sink_topic, args.shadow_topic, args.rules_topic)
     if args.format == "json":
         print(json.dumps(result.to_dict(), indent=2))
         return 0 if result.shadow_version else 1

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import subprocess
 import tempfile
 from collections.abc import Iterable, Mapping
@@ -39,6 +40,7 @@ from spark_jobs.rules.model import shadow_id
 
 SEP = "\u001f"
 READER = "reader"
+DETECTION_ID = re.compile(r"^[0-9a-f]{32}$")
 
 
 @dataclass
@@ -237,14 +239,14 @@ def commit_link(repo: Path | None, release: Mapping, entry: Mapping, rule: Mappi
     facts: dict = {"commit": commit, "release_authors": release.get("authors") or [], "file": entry.get("file")}
     if not commit:
         return Link("commit", None, facts, "the release names no commit (rules published from a folder outside git)")
-    if repo is None or not (repo / ".git").exists() and _git(repo, "rev-parse", "--git-dir").returncode != 0:
+    if repo is None or _git(repo, "rev-parse", "--git-dir").returncode != 0:
         return Link("commit", None, facts, f"no git repository to read (looked at {repo})")
     shown = _git(repo, "show", "-s", "--format=%H%x1f%an%x1f%ae%x1f%aI%x1f%s", commit)
     if shown.returncode != 0:
         return Link("commit", False, {**facts, "repo": str(repo)}, f"git does not know {commit}: {shown.stderr.strip()}")
     sha, name, email, when, subject = shown.stdout.strip().split("\x1f", 4)
     facts.update({"repo": str(repo), "author": f"{name} <{email}>", "authored_at": when, "subject": subject})
-    rules_dir = Path(entry.get("file") or "rules").parts[0] if entry.get("file") else "rules"
+    rules_dir = Path(entry["file"]).parts[0] if entry.get("file") else "rules"
     loaded = load_at_commit(repo / rules_dir, commit)
     at_commit = next((lr for lr in loaded.rules if lr.rule.rule_id == entry["rule_id"]), None)
     if at_commit is None:
@@ -252,7 +254,10 @@ def commit_link(repo: Path | None, release: Mapping, entry: Mapping, rule: Mappi
     facts["file"] = at_commit.file
     if rule is None:
         return Link("commit", None, facts, "no rule record to compare the file with")
-    same = canonical_json(rule_to_json_dict(at_commit.rule)) == canonical_json(rule)
+    # Released as a shadow by the approver's choice, the record is the file's rule in mode
+    # shadow (the publish task sets it): compare with what the publish made of the file.
+    published = at_commit.rule.model_copy(update={"mode": entry.get("mode", "active")})
+    same = canonical_json(rule_to_json_dict(published)) == canonical_json(rule)
     return Link("commit", same, facts,
                 f"{at_commit.file} at {commit[:12]} is the published text" if same
                 else f"{at_commit.file} at {commit[:12]} differs from the record on rules.active")

@@ -115,5 +115,16 @@ def diff(sink: Iterable[KafkaRecord], shadow_topic: Iterable[KafkaRecord], rules
                       _hour_iso(since) if since else None, [hours[k] for k in sorted(hours)])
 
 
+def read_diff(bootstrap: str, rule_id: str, sink_topic: str = "events.processed",
+              shadow_topic: str = "events.shadow", rules_topic: str = "rules.active") -> ShadowDiff:
+    """`diff` of the three topics as the broker holds them now (read as `reader`)."""
+    from spark_jobs.kafka.admin import read_all
+
+    def read(topic: str) -> list[KafkaRecord]:
+        return read_all(bootstrap, topic, timeout=60, role="reader")
+
+    return diff(read(sink_topic), read(shadow_topic), read(rules_topic), rule_id)
+
+
 def _hour_iso(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")

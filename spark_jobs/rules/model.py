@@ -75,7 +75,7 @@ def _finite_number(v: float) -> float:
 # A dotted path into nested JSON: `user.id`, `payload.amount`. Segments are plain keys;
 # empty segments (`a..b`, `.a`) are almost always typos, so they are rejected.
 _PATH = re.compile(r"^[^.\s]+(\.[^.\s]+)*$")
-_RULE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+RULE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 
 Number = Annotated[StrictInt | StrictFloat, AfterValidator(_finite_number)]
 ScalarValue = StrictBool | Number | Annotated[StrictStr, Field(max_length=MAX_VALUE_TEXT)]
@@ -116,7 +116,7 @@ class MetricCondition(_Strict):
 
 
 class _RuleBase(_Strict):
-    rule_id: Annotated[str, Field(min_length=1, max_length=200, pattern=_RULE_ID.pattern)] = Field(
+    rule_id: Annotated[str, Field(min_length=1, max_length=200, pattern=RULE_ID.pattern)] = Field(
         description="Unique id of the rule across the rule set (letters, digits, `_`, `.`, `-`); the Kafka key "
         "of its record on rules.active.")
     # YAML reads `version: 3` as an int; a version is an opaque label, so ints are

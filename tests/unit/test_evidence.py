@@ -96,3 +96,30 @@ def test_a_report_changed_after_the_approval_breaks_the_chain(tmp_path: Path) ->
     report.unlink()
     assert report_link(release).ok is False
     assert report_link({"bootstrap": True}).ok is None
+
+
+def test_the_commit_link_compares_the_file_with_what_the_publish_made_of_it(tmp_path: Path) -> None:
+    import subprocess
+
+    from spark_jobs.lifecycle.evidence import commit_link
+
+    (tmp_path / "rules").mkdir()
+    (tmp_path / "rules" / "r1.yaml").write_text(
+        'rule_id: r1\nversion: "2"\nrule_type: threshold\nsource_topic: events.raw\n'
+        "conditions:\n  - {field: amount, operator: \">=\", value: 5}\n")
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=A", "-c", "user.email=a@x"]
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "r1 v2"], check=True)
+    commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    record = {"rule_id": "r1", "version": "2", "rule_type": "threshold", "source_topic": "events.raw",
+              "conditions": [{"field": "amount", "operator": ">=", "value": 5}], "enabled": True, "tags": [],
+              "name": None, "description": None, "owner": None}
+    entry = {"rule_id": "r1", "version": "2", "file": "rules/r1.yaml"}
+    assert commit_link(tmp_path, {"commit": commit}, entry, record).ok is True
+    # Released as a shadow from the approval form: the file says nothing of a mode, the
+    # record is that rule in mode shadow, and the audit's entry says so.
+    shadow = {**record, "mode": "shadow"}
+    assert commit_link(tmp_path, {"commit": commit}, {**entry, "mode": "shadow"}, shadow).ok is True
+    assert commit_link(tmp_path, {"commit": commit}, entry, shadow).ok is False
+    assert commit_link(tmp_path, {"commit": commit}, entry, {**record, "version": "3"}).ok is False
