@@ -6,6 +6,7 @@ import argparse
 import logging
 from pathlib import Path
 
+from spark_jobs.archive.table import default_table
 from spark_jobs.streaming.job import DetectConfig, run
 
 
@@ -16,6 +17,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dead-letter-topic", default="events.deadletter")
     p.add_argument("--shadow-topic", default="events.shadow", help="detections of shadow rule versions")
     p.add_argument("--rules-topic", default="rules.active")
+    p.add_argument("--warmup-topic", default="detect.warmup",
+                   help="archived events replayed into the state of a rule that starts afresh (warm start)")
+    p.add_argument("--archive", default=None,
+                   help="the event archive (Delta table) warm starts read first; default: $RULES_ARCHIVE_TABLE or "
+                        "var/archive/events; absent: warm starts read Kafka only")
     p.add_argument("--status-topic", default="detect.status")
     p.add_argument("--checkpoint", type=Path, default=Path("var/detect/checkpoint"))
     p.add_argument("--status-file", type=Path, default=None, help="default: CHECKPOINT/status.json")
@@ -40,5 +46,6 @@ def _run(args: argparse.Namespace) -> int:
         trigger_ms=args.trigger_ms, max_offsets_per_trigger=args.max_offsets_per_trigger,
         starting_offsets=args.starting_offsets, master=args.master, status_file=args.status_file,
         fail_on_data_loss=not args.allow_data_loss, threshold_lane=args.threshold_lane,
+        warmup_topic=args.warmup_topic, archive=args.archive or default_table(),
     )
     return run(cfg)

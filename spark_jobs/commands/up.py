@@ -250,6 +250,7 @@ def detect_spec(args: argparse.Namespace, bootstrap: str, paths: Paths) -> Child
         "--",
         "--checkpoint", str(paths.checkpoint),
         "--status-file", str(paths.status_file),
+        "--archive", str(paths.archive_table),
     )  # fmt: skip
     if args.trigger_ms is not None:
         argv += ["--trigger-ms", str(args.trigger_ms)]

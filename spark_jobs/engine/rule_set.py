@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 from pyspark.sql import Column, SparkSession
 
@@ -50,17 +51,22 @@ def rule_set_spec(threshold: Sequence[RuleRow]) -> str:
     return json.dumps({"threshold": spec}, sort_keys=True, separators=(",", ":"))
 
 
-def signature(rule: AnyRule) -> str:
+def signature(rule: AnyRule, epoch: int = 0) -> str:
     """What a window or context buffer depends on; a version that changes it resets state.
 
     A new threshold or emit mode keeps the window (it applies from the next event);
     new conditions, grouping or value fields mean old entries no longer qualify.
+    `epoch` > 0: the live job's warm-up (streaming/warmup.py) refills the rule's state
+    from the archive, so the state it had is dropped.
     """
     d = rule.model_dump(mode="json")
     keep = ("source_topic", "conditions", "group_by", "aggregation_field", "aggregation_type", "time_mode",
             "timestamp_field", "context_topic", "correlation_key", "context_value_field", "context_type_field",
             "context_type_value", "event_value_field")
-    return json.dumps({k: d.get(k) for k in keep}, sort_keys=True)
+    out = {k: d.get(k) for k in keep}
+    if epoch:
+        out["warm_epoch"] = epoch
+    return json.dumps(out, sort_keys=True)
 
 
 def rule_spec(rule: AnyRule, signature: str) -> dict:
@@ -110,16 +116,29 @@ def rule_spec(rule: AnyRule, signature: str) -> dict:
 FIRST, SECOND = "first", "second"
 
 
-def keyed_spec(rows: Sequence[RuleRow]) -> list[dict]:
+@dataclass(frozen=True)
+class WarmState:
+    """How the live job starts a keyed rule's state (streaming/warmup.py): `epoch` is
+    folded into its state signature, `warming` makes it fill its state without judging."""
+
+    epoch: int = 0
+    warming: bool = False
+
+
+def keyed_spec(rows: Sequence[RuleRow], warm: Mapping[str, WarmState] | None = None) -> list[dict]:
     """The keyed rule rows of `rows` (velocity and correlation, one per role) as the
     evaluator's KeyedRules reads them, in the given order (an operator's input names a
-    row by its index here)."""
+    row by its index here); `warm`: the live job's warm-up state by live rule id."""
     fed = {r.rule_id for r in rows if r.route_from is not None}
     out = []
     for r in rows:
         if r.rule_type == "threshold":
             continue
         rule = parse_rule(json.loads(r.rule_json))
+        state = (warm or {}).get(r.rule_id, WarmState())
+        spec = rule_spec(rule, signature(rule, state.epoch))
+        if state.warming:
+            spec["warming"] = True
         out.append({
             "stage": SECOND if r.rule_id in fed else FIRST, "role": r.role, "topic": r.topic,
             "route_from": r.route_from, "event_time": r.event_time,
@@ -130,17 +149,17 @@ def keyed_spec(rows: Sequence[RuleRow]) -> list[dict]:
             # The value's JSON text goes to the operator only where a rule keeps or
             # compares it (distinct counts, a correlation's context and primaries).
             "keep_json": r.val_need == "json" or r.rule_type == "correlation",
-            "rule": rule_spec(rule, signature(rule)),
+            "rule": spec,
         })
     return out
 
 
-def live_spec(rows: Sequence[RuleRow]) -> str:
+def live_spec(rows: Sequence[RuleRow], warm: Mapping[str, WarmState] | None = None) -> str:
     """The live job's rule-set spec of every rule row in force: the threshold rules and
     the keyed rules, one version of both (rule_versions.py)."""
     threshold = [r for r in rows if r.rule_type == "threshold"]
     spec = json.loads(rule_set_spec(threshold))
-    spec["keyed"] = keyed_spec(rows)
+    spec["keyed"] = keyed_spec(rows, warm)
     return json.dumps(spec, sort_keys=True, separators=(",", ":"), allow_nan=False)
 
 

@@ -41,7 +41,7 @@ DEFAULT_TOPICS: tuple[str, ...] = (
 # Everything the platform creates at start. Under ACLs (the default of `rulectl up` and
 # `rulectl broker`) no client but the admin may create topics, so the job's internal and
 # control topics are created with the others, by the broker's admin.
-PLATFORM_TOPICS: tuple[str, ...] = (*DEFAULT_TOPICS, "detect.control", "detect.restarts")
+PLATFORM_TOPICS: tuple[str, ...] = (*DEFAULT_TOPICS, "detect.control", "detect.restarts", "detect.warmup")
 
 # Control topics hold one logical stream whose order matters across keys (the rule set,
 # the job's status), so they always get one partition whatever `partitions` says.
@@ -50,7 +50,7 @@ SINGLE_PARTITION_TOPICS = frozenset({"rules.active", "detect.status", "detect.co
 _DAY_MS = 24 * 3600 * 1000
 # rules.active and the status topic are tables (newest record per key): compacted, kept
 # forever. Data topics keep a week, dead letters a month (they are what an operator
-# reads after the fact), the job's internal routing topic a day.
+# reads after the fact), the job's warm-up topic (read once, seconds after it is written) a day.
 TOPIC_CONFIGS: dict[str, dict[str, str]] = {
     "rules.active": {"cleanup.policy": "compact", "min.compaction.lag.ms": "0"},
     # Written twice a second: small segments so compaction keeps it short.
@@ -63,6 +63,7 @@ TOPIC_CONFIGS: dict[str, dict[str, str]] = {
     "events.processed": {"retention.ms": str(7 * _DAY_MS)},
     "events.shadow": {"retention.ms": str(7 * _DAY_MS)},
     "events.deadletter": {"retention.ms": str(30 * _DAY_MS)},
+    "detect.warmup": {"retention.ms": str(_DAY_MS)},
 }
 
 JAVA_ENV = "RULES_JAVA"

@@ -57,7 +57,8 @@ class BrokerSecurity:
     passwords: dict[str, str]
     admin: str = "admin"
     rules_topic: str = RULES_TOPIC
-    detector_writes: tuple[str, ...] = ("events.processed", "events.shadow", "events.deadletter", "detect.status", "detect.restarts")
+    detector_writes: tuple[str, ...] = ("events.processed", "events.shadow", "events.deadletter", "detect.status", "detect.restarts",
+                                        "detect.warmup")
     supervisor_reads: tuple[str, ...] = ("detect.status", "detect.restarts", "detect.control")
     supervisor_writes: tuple[str, ...] = ("detect.control",)
     producer_writes: tuple[str, ...] = ("events.raw", "context.raw")

@@ -117,3 +117,15 @@ def write_stream(df: DataFrame, bootstrap: str, options: Mapping[str, str] | Non
         .options(**spark_options(role))
         .options(**dict(options or {}))
     )
+
+
+def write_batch(df: DataFrame, bootstrap: str, options: Mapping[str, str] | None = None,
+                role: str | None = None) -> None:
+    """Write rows of (topic, key, value) to Kafka once (a batch query), with the
+    stream sink's producer settings."""
+    (df.write.format("kafka")
+     .option("kafka.bootstrap.servers", bootstrap)
+     .options(**PRODUCER_OPTIONS)
+     .options(**spark_options(role))
+     .options(**dict(options or {}))
+     .save())

@@ -213,6 +213,10 @@ class VelocityRule(_RuleBase):
     emit_to_sink: StrictBool = Field(
         True, description="false: emits go only to the correlation rules that name this rule in "
         "`velocity_filter_rule_id`, never to the sink.")
+    warm_start: StrictBool = Field(
+        True, description="true: a version whose window starts afresh in the running job (a new rule, new "
+        "conditions, grouping or window) first fills it from the event archive, so it judges its first events "
+        "as if it had run all along; false: it starts with empty windows.")
 
     @model_validator(mode="after")
     def _required_together(self) -> VelocityRule:
@@ -278,6 +282,9 @@ class CorrelationRule(_RuleBase):
     watermark_delay: WatermarkDelay = Field(
         DEFAULT_WATERMARK_DELAY_S, description="Seconds of out-of-orderness tolerated (0 to 7 days); the job "
         "watermark is the maximum over its rules.")
+    warm_start: StrictBool = Field(
+        True, description="true: a version whose context starts afresh in the running job first fills it from "
+        "the event archive (the context records of its lookback); false: it starts without context.")
 
     @model_validator(mode="after")
     def _required_together(self) -> CorrelationRule:
@@ -351,11 +358,13 @@ def parse_rule(data: object) -> AnyRule:
 
 def rule_to_json_dict(rule: AnyRule) -> dict:
     """The canonical JSON form: what is published to `rules.active` and compared. The
-    default `mode` (active) is left out, so the form of every rule written before
-    shadows existed is unchanged."""
+    defaults `mode` (active) and `warm_start` (true) are left out, so the form of every
+    rule written before they existed is unchanged."""
     d = rule.model_dump(mode="json")
     if d.get("mode") == "active":
         del d["mode"]
+    if d.get("warm_start") is True:
+        del d["warm_start"]
     return d
 
 

@@ -77,6 +77,7 @@ from spark_jobs.streaming.rule_versions import prune as prune_versions
 from spark_jobs.streaming.rule_versions import publish as publish_versions
 from spark_jobs.streaming.rules_source import RuleRow, read_snapshot, rows_of
 from spark_jobs.streaming.threshold_lane import LANE_SKIPPED, start_lane
+from spark_jobs.streaming.warmup import WarmWindows, unpack
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +98,11 @@ class DetectConfig:
     status_topic: str = "detect.status"
     # Detections of shadow versions (rule mode `shadow`): never the sink.
     shadow_topic: str = "events.shadow"
+    # Archived events replayed into a warming rule's state (warmup.py): read by the keyed
+    # query in every plan, written by its driver.
+    warmup_topic: str = "detect.warmup"
+    # The event archive (Delta) a warm-up reads first; None or absent: Kafka only.
+    archive: str | None = None
     checkpoint: Path = Path("var/detect/checkpoint")
     trigger_ms: int = 500
     max_offsets_per_trigger: int = 100_000
@@ -278,14 +284,25 @@ def _input(spark: SparkSession, cfg: DetectConfig, topics: list[str], min_partit
     )
     # `in_topic`/`route_from` tell a record of the source from a velocity emit routed to
     # correlation rules (the second operator's input, `_chain`), an event of its topic too.
+    # A warm-up record (warmup.py, the keyed query's only) is the archived event it
+    # carries, with its own topic, arrival position and broker time, for the one rule
+    # its route_from names.
+    value = F.col("value").cast("string")
+    w = unpack(value, F.col("topic") == F.lit(cfg.warmup_topic)) if not real_time else {}
+
+    def warm_or(name: str, live: Column) -> Column:
+        return F.coalesce(w[name], live) if w else live
+
+    topic = warm_or("topic", F.col("topic"))
     return raw.select(
-        F.col("topic").alias("in_topic"),
-        F.col("topic"),
-        (F.col("partition").cast("long") * F.lit(1 << 40) + F.col("offset")).alias("seq"),
-        F.lit(None).cast("string").alias("route_from"),
-        F.col("value").cast("string").alias("raw"),
-        F.unix_millis("timestamp").alias("proc_ms"),
+        topic.alias("in_topic"),
+        topic.alias("topic"),
+        warm_or("seq", F.col("partition").cast("long") * F.lit(1 << 40) + F.col("offset")).alias("seq"),
+        (w["route_from"] if w else F.lit(None).cast("string")).alias("route_from"),
+        warm_or("raw", value).alias("raw"),
+        warm_or("proc_ms", F.unix_millis("timestamp")).alias("proc_ms"),
         quarantine_reason(quarantined or [], "real-time batch" if real_time else "micro-batch").alias("_quarantine"),
+        (w["route_from"].isNotNull() if w else F.lit(False)).alias("_warm"),
     )
 
 
@@ -344,6 +361,16 @@ def kafka_records(rows: DataFrame, kind: Column, members: Column, cfg: DetectCon
     )
 
 
+def publish_rules(cfg: DetectConfig, rules: Sequence[RuleRow], warm: WarmWindows | None) -> None:
+    """Make `rules` (with the warm-up state of each, warmup.py) the version the next
+    batch of each query takes (rule_versions.py)."""
+    plan = warm.plan(rules) if warm is not None else None
+    for folder in cfg.version_dirs():
+        digest = publish_versions(folder, rules, plan)
+        if warm is not None and folder == cfg.versions_dir:
+            warm.published(digest)
+
+
 def _carry(**given: Column) -> Column:
     """A pass row's columns (OUTPUT_SCHEMA's but topic, seq and raw, which a row has of
     its own): `given`, the rest NULL."""
@@ -376,12 +403,15 @@ def event_rows(raw: DataFrame, versions_dir: Path, max_ahead_ms: int,
     """
     event = F.col("_reason").isNull()
     # A record that is no event is a dead letter of the real-time lane's when it runs
-    # (threshold_lane.py); one this query quarantined (quarantine.py) stays its own.
-    dead = ~event if thresholds else F.col("_quarantine").isNotNull()
+    # (threshold_lane.py); one this query quarantined (quarantine.py) stays its own. A
+    # warm-up record is history: it was judged (or dead-lettered) when it was live.
+    live = ~F.col("_warm")
+    dead = (~event & live) if thresholds else F.col("_quarantine").isNotNull()
     passing = [(dead, _carry(kind=F.lit("dead"), ts_ms=F.col("proc_ms"), reason=F.col("_reason")))]
     unreadable = None
     if thresholds:
-        raw = raw.withColumn("_th", live_thresholds(raw.sparkSession, F.col("topic"), F.col("v"), str(versions_dir)))
+        raw = raw.withColumn("_th", live_thresholds(raw.sparkSession, F.col("topic"), F.when(live, F.col("v")),
+                                                    str(versions_dir)))
         passing.append((event & (F.size("_th.m") > F.lit(0)),
                         _carry(kind=F.lit("threshold"), rule_id=F.to_json("_th.m"), ts_ms=F.col("proc_ms"))))
         unreadable = F.col("_th.u")
@@ -423,7 +453,7 @@ def _operator_input(rows: DataFrame, buckets: KeyBucketing) -> DataFrame:
 
 def build(spark: SparkSession, cfg: DetectConfig, watermark_delay_s: float, topics: list[str],
           rules: Sequence[RuleRow], buckets: KeyBucketing | None = None, min_partitions: int = 0,
-          quarantined: list[OffsetRange] | None = None) -> DataFrame:
+          quarantined: list[OffsetRange] | None = None, warm: WarmWindows | None = None) -> DataFrame:
     """The whole job as one streaming DataFrame of (topic, key, value) Kafka records:
     every rule judged by the rule-set evaluator with each micro-batch's version of the
     rules (`rules`, the rule set in force, is published as the first: rule_versions.py),
@@ -435,17 +465,17 @@ def build(spark: SparkSession, cfg: DetectConfig, watermark_delay_s: float, topi
     planned once per branch (the input scanned and parsed once more per branch).
 
     Records in `quarantined` offset ranges are dead letters, never evaluated (quarantine.py).
+    The warm-up topic is read beside `topics`; `warm`: which rules warm (warmup.py).
     `buckets`: how keys spread over the keyed operators' groups (default: DEFAULT_KEY_BUCKETS,
     balanced over the session's shuffle partitions).
     """
     buckets = buckets or KeyBucketing(DEFAULT_KEY_BUCKETS, shuffle_partitions(spark))
-    raw = classify(_input(spark, cfg, topics, min_partitions, quarantined))
+    raw = classify(_input(spark, cfg, [*topics, cfg.warmup_topic], min_partitions, quarantined))
     raw = raw.withColumn("_reason", F.coalesce(F.col("_quarantine"), F.col("_reason")))
 
     delay_ms = int(watermark_delay_s * 1000)
     max_ahead_ms = max(1_000, delay_ms)
-    for folder in cfg.version_dirs():
-        publish_versions(folder, rules)
+    publish_rules(cfg, rules, warm)
     # Correlation rules fed by a velocity rule (`velocity_filter_rule_id`) are the second
     # operator's; every other keyed rule is the first's (which also dead-letters late
     # rows and event-time rows without a usable timestamp).
@@ -523,8 +553,10 @@ class StatusReporter:
     """Writes what a supervisor needs to a status file and the status topic."""
 
     def __init__(self, cfg: DetectConfig, registry: RuleRegistry, watermark_delay_s: float,
-                 topics: list[str] | None = None, quarantine: Quarantine | None = None) -> None:
+                 topics: list[str] | None = None, quarantine: Quarantine | None = None,
+                 warm: WarmWindows | None = None) -> None:
         self.cfg = cfg
+        self.warm = warm
         self.quarantine = quarantine
         self.batch_failures = 0
         self.last_failure: dict | None = None
@@ -559,6 +591,8 @@ class StatusReporter:
         if new_topics:
             reasons.append(f"new topics: rules read {', '.join(new_topics)}, which the job does not subscribe to")
         p = self.progress or {}
+        warm = self.warm.status() if self.warm is not None else {}
+        loading = {k for k, w in warm.items() if w["state"] == "loading"}
         return {
             "state": self.state,
             "query_id": self.query_id,
@@ -570,12 +604,17 @@ class StatusReporter:
             "restart_required": bool(reasons),
             "restart_reasons": reasons,
             "source_topics": self.topics,
-            # The versions the running query evaluates (a change applies once no batch
-            # that may have taken the previous version runs: in_force), not those the
+            # The versions the running query judges with (a change applies once no batch
+            # that may have taken the previous version runs: in_force; a keyed rule that
+            # is loading its warm-up judges nothing yet: `warm_windows`), not those the
             # registry has read.
-            "rule_versions": self.in_force.versions() if self.in_force is not None else rules.versions(),
+            "rule_versions": {k: v for k, v in (self.in_force.versions() if self.in_force is not None
+                                                else rules.versions()).items() if k not in loading},
             "rule_versions_next": self.pending.versions() if self.pending is not None else None,
             "rule_changes_live": self.rule_changes_live,
+            # Per keyed rule, how its state started (warmup.py): loading (filling from
+            # the archive, no detections yet), warming (whole windows from `until`), warm, cold.
+            "warm_windows": warm,
             "threshold_lane": self._lane_status(),
             "rule_problems": self.registry.problem_count,
             # Micro-batches that failed since the job started, the last failure and what
@@ -701,7 +740,7 @@ class Compiled:
 
 
 def _start_query(spark: SparkSession, cfg: DetectConfig, delay: float, topics: list[str],
-                 quarantine: Quarantine) -> tuple[StreamingQuery, Compiled]:
+                 quarantine: Quarantine, warm: WarmWindows | None = None) -> tuple[StreamingQuery, Compiled]:
     """Start the query with the registry's current snapshot as its first rule-set version."""
     text = read_snapshot(cfg.state_dir / "rules.json")
     rows = rows_of(json.loads(text), ROUTED_TOPIC)
@@ -716,7 +755,7 @@ def _start_query(spark: SparkSession, cfg: DetectConfig, delay: float, topics: l
     parts = _source_partitions(cfg, topics)
     free = max(1, _cores(spark) - (parts if cfg.real_time else 0))
     plan = build(spark, cfg, delay, topics, rows, key_bucketing(cfg, spark), min_partitions=free + parts - 1,
-                 quarantined=quarantine.active_ranges())
+                 quarantined=quarantine.active_ranges(), warm=warm)
     query = (
         write_stream(plan, cfg.bootstrap, role=ROLE)
         .option("checkpointLocation", str(cfg.checkpoint / "query"))
@@ -802,7 +841,7 @@ def run(cfg: DetectConfig, stop: threading.Event | None = None) -> int:
             signal.signal(sig, lambda *_: stop.set())
     plan_layout(cfg)  # an old checkpoint fails here, before anything is started
     admin.create_topics(cfg.bootstrap, [cfg.sink_topic, cfg.shadow_topic, cfg.dead_letter_topic, cfg.status_topic,
-                                         cfg.rules_topic],
+                                         cfg.rules_topic, cfg.warmup_topic],
                         role=ROLE)
     dlq = Producer(with_bootstrap(cfg.bootstrap, ROLE))
     registry = RuleRegistry(cfg.bootstrap, cfg.state_dir, cfg.rules_topic, role=ROLE,
@@ -830,8 +869,11 @@ def run(cfg: DetectConfig, stop: threading.Event | None = None) -> int:
         "spark.sql.streaming.noDataMicroBatches.enabled": "true",
     })
     quarantine = Quarantine(cfg.checkpoint)
-    status = StatusReporter(cfg, registry, delay, topics, quarantine)
-    query, status.in_force = _start_query(spark, cfg, delay, topics, quarantine)
+    warm = WarmWindows(spark, checkpoint=cfg.checkpoint, versions_dir=cfg.versions_dir, bootstrap=cfg.bootstrap,
+                       topic=cfg.warmup_topic, archive=cfg.archive, role=ROLE,
+                       max_ahead_ms=max(1_000, int(delay * 1000)), starting_offsets=cfg.starting_offsets)
+    status = StatusReporter(cfg, registry, delay, topics, quarantine, warm)
+    query, status.in_force = _start_query(spark, cfg, delay, topics, quarantine, warm)
     status.query_id, status.run_id, status.state = str(query.id), str(query.runId), "running"
     lane = None
     lane_quarantine = Quarantine(cfg.checkpoint, "lane")
@@ -875,11 +917,13 @@ def run(cfg: DetectConfig, stop: threading.Event | None = None) -> int:
                     new = Compiled(snapshot)
                     # A rule change is a new version of the rule set for the next batch
                     # of each query (rule_versions.py): no new plan, no restart.
-                    for folder in cfg.version_dirs():
-                        publish_versions(folder, new.rows())
+                    publish_rules(cfg, new.rows(), warm)
                     status.pending = new
                     pending_after = (_last_batch(query), _last_batch(lane) if lane is not None else -1)
                     log.info("rules changed: versions %s from the next batch", new.versions())
+                if warm.advance(query.lastProgress):
+                    # A warm-up is in: the rule judges from the next batch.
+                    publish_rules(cfg, (status.pending or status.in_force).rows(), warm)
                 if status.pending is not None and _started_since(query, pending_after[0]) and (
                         lane is None or _started_since(lane, pending_after[1])):
                     status.in_force, status.pending = status.pending, None
@@ -908,7 +952,7 @@ def run(cfg: DetectConfig, stop: threading.Event | None = None) -> int:
                 exit_code = 1
                 break
             log.warning("detection query failed (%s); restarting it: %s", decision, error[:500])
-            query, status.in_force = _start_query(spark, cfg, delay, topics, quarantine)
+            query, status.in_force = _start_query(spark, cfg, delay, topics, quarantine, warm)
             status.pending = None
             status.run_id = str(query.runId)
             status.publish()

@@ -23,10 +23,10 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from spark_jobs.engine.rule_set import live_spec
+from spark_jobs.engine.rule_set import WarmState, live_spec
 from spark_jobs.streaming.rules_source import RuleRow
 
 CURRENT = "current"
@@ -41,10 +41,11 @@ def _write(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
-def publish(versions_dir: Path, rows: Sequence[RuleRow]) -> str:
-    """Make the spec of the rule rows in force (`rows`) the version the next micro-batch
-    takes; returns its hash. Batches already recorded keep theirs."""
-    spec = live_spec(rows)
+def publish(versions_dir: Path, rows: Sequence[RuleRow], warm: Mapping[str, WarmState] | None = None) -> str:
+    """Make the spec of the rule rows in force (`rows`, `warm`: their warm-up state,
+    warmup.py) the version the next micro-batch takes; returns its hash. Batches
+    already recorded keep theirs."""
+    spec = live_spec(rows, warm)
     digest = hashlib.sha256(spec.encode()).hexdigest()
     path = versions_dir / SPECS / f"{digest}.json"
     if not path.exists():

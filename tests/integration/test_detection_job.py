@@ -274,11 +274,12 @@ def test_a_batch_run_again_after_a_crash_keeps_its_rule_versions(broker, tmp_pat
     bs, topic, rules_topic, sink = broker.bootstrap, "payments.replay", "rules.replay", "detections.replay"
     rule = {"rule_id": "big_payment", "version": "1", "rule_type": "threshold", "source_topic": topic,
             "conditions": [{"field": "amount", "operator": ">", "value": 10}]}
-    # Every payment it counts fires it (one global key, a count of 1 is enough).
+    # Every payment it counts fires it (one global key, a count of 1 is enough). Its
+    # version 2 starts cold: judging from its first batch, as version 1's last one is run again.
     burst = {"rule_id": "pay_burst", "version": "1", "rule_type": "velocity", "source_topic": topic,
              "conditions": [{"field": "amount", "operator": ">", "value": 10}], "window_size": 60,
              "window_unit": "seconds", "aggregation_type": "count", "threshold": 1, "emit_mode": "all_events",
-             "time_mode": "processing_time"}
+             "time_mode": "processing_time", "warm_start": False}
     publish_rules([parse_rule(rule), parse_rule(burst)], bs, topic=rules_topic)
     setup = {"sink": sink, "dlq": "dead.replay", "rules_topic": rules_topic}
     stalling = DetectJob(bs, tmp_path / "job", cli=(str(FAULTY_DETECT), "--stall", "600", MARKER), **setup)

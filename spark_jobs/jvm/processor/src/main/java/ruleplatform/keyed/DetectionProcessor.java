@@ -181,7 +181,8 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
                 Long ts = issue != null || m.isNullAt(1) ? null : m.getLong(1);
                 Double num = m.isNullAt(3) ? null : m.getDouble(3);
                 String jv = m.isNullAt(4) ? null : m.getString(4);
-                Ev ev = new Ev(slot.role, slot.eventTime, ts, seq, topic, raw, num, jv, issue);
+                boolean warm = m.length() > 5 && !m.isNullAt(5) && m.getBoolean(5);
+                Ev ev = new Ev(slot.role, slot.eventTime, ts, seq, topic, raw, num, jv, issue, warm);
                 entry.byKey.computeIfAbsent(k, x -> new ArrayList<>()).add(ev);
             }
         }
@@ -371,14 +372,17 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
         for (Ev r : rows) {
             if (r.ts == null) {
                 // No usable timestamp: the row never touches state; the evaluator gave its reason
-                // (KeyedRules.noTime, or too far ahead).
-                out.add(output("dead", rule, r, null, r.tsIssue));
+                // (KeyedRules.noTime, or too far ahead). A warm-up row's was dead-lettered live.
+                if (!r.warm) {
+                    out.add(output("dead", rule, r, null, r.tsIssue));
+                }
                 continue;
             }
             anyTime = true;
             // Routed primaries were judged for lateness when they entered the velocity
-            // rule; re-injected a batch later, they must not be late a second time.
-            if (r.eventTime && !"routed".equals(r.role) && watermark > 0 && r.ts < watermark) {
+            // rule; re-injected a batch later, they must not be late a second time. A
+            // warm-up row is history by design: it is older than the watermark.
+            if (r.eventTime && !r.warm && !"routed".equals(r.role) && watermark > 0 && r.ts < watermark) {
                 out.add(output("dead", rule, r, null,
                         "late event: older than the job watermark (" + watermark + " ms)"));
             } else {
@@ -437,6 +441,15 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
 
     private static void velocity(RuleSpec rule, List<Ev> rows, SubState st, long watermark, List<Row> out) {
         List<Emit> emits = Velocity.step(rule, st, rows);
+        if (rule.warming) {
+            // Filling the windows (warm-up rows from the archive, live rows since the
+            // rule came in), in whatever order they come: no emit, and the last-event
+            // state is the one the key's newest event leaves, as if judged in order.
+            emits.clear();
+            Velocity.settle(rule, st);
+        } else {
+            emits.removeIf(e -> e.row.warm);
+        }
         if (!rows.isEmpty()) {
             long newest = rows.get(rows.size() - 1).ts; // sorted by time
             st.maxTs = Math.max(orElse(st.maxTs, newest), newest);
@@ -459,7 +472,12 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
         List<Ev> primaries = new ArrayList<>();
         List<Ev> contexts = new ArrayList<>();
         for (Ev r : rows) {
-            ("context".equals(r.role) ? contexts : primaries).add(r);
+            if ("context".equals(r.role)) {
+                contexts.add(r);
+            } else if (!rule.warming && !r.warm) {
+                // A warming rule fills its context and judges no primary yet.
+                primaries.add(r);
+            }
         }
         List<Emit> emits = Correlation.step(rule, st, primaries, contexts, watermark);
         if (!rows.isEmpty()) {

@@ -14,9 +14,16 @@ final class Ev {
     final Double num;
     final String jv;
     final String tsIssue;
+    /** A warm-up row (KeyedRules.Member.warm): state only, never judged. Not stored. */
+    final boolean warm;
 
     Ev(String role, boolean eventTime, Long ts, Long seq, String topic, String raw, Double num, String jv,
        String tsIssue) {
+        this(role, eventTime, ts, seq, topic, raw, num, jv, tsIssue, false);
+    }
+
+    Ev(String role, boolean eventTime, Long ts, Long seq, String topic, String raw, Double num, String jv,
+       String tsIssue, boolean warm) {
         this.role = role;
         this.eventTime = eventTime;
         this.ts = ts;
@@ -26,6 +33,7 @@ final class Ev {
         this.num = num;
         this.jv = jv;
         this.tsIssue = tsIssue;
+        this.warm = warm;
     }
 
     /** Sort order of a key's rows: (ts, seq), stable for equal pairs. */

@@ -1,11 +1,7 @@
 package ruleplatform.keyed;
 
 import com.fasterxml.jackson.databind.JsonNode;
-import java.nio.charset.StandardCharsets;
-import java.security.MessageDigest;
-import java.security.NoSuchAlgorithmException;
-import java.util.Arrays;
-import java.util.Base64;
+import ruleplatform.rules.KeyedRules;
 
 /**
  * One keyed rule as the operator needs it, read once from the spec the job builds
@@ -33,6 +29,12 @@ final class RuleSpec {
     final double threshold;
     final boolean allEvents;
     final boolean emitToSink;
+    /**
+     * The rule's windows are being filled from the archive (spark_jobs/streaming/warmup.py):
+     * its rows enter its state but it emits nothing until the warm-up is in. Not part of
+     * the signature: the state carries over when the warm-up ends.
+     */
+    final boolean warming;
     // correlation
     final long lookbackMs;
     final boolean lastResolution;
@@ -60,6 +62,7 @@ final class RuleSpec {
         threshold = n.path("threshold").asDouble();
         allEvents = "all_events".equals(text(n, "emit_mode"));
         emitToSink = n.path("emit_to_sink").asBoolean(true);
+        warming = n.path("warming").asBoolean(false);
         lookbackMs = n.path("lookback_ms").asLong();
         lastResolution = "last".equals(text(n, "context_resolution"));
         meanStd = "mean_std".equals(text(n, "context_resolution"));
@@ -79,12 +82,7 @@ final class RuleSpec {
      * the text itself (a JSON object, so it starts with '{'): sameState digests it.
      */
     static String digest(String signature) {
-        try {
-            byte[] sha = MessageDigest.getInstance("SHA-256").digest(signature.getBytes(StandardCharsets.UTF_8));
-            return Base64.getUrlEncoder().withoutPadding().encodeToString(Arrays.copyOf(sha, 16));
-        } catch (NoSuchAlgorithmException e) {
-            throw new IllegalStateException("every Java platform has SHA-256", e);
-        }
+        return KeyedRules.stateDigest(signature);
     }
 
     /** Whether a stored sub-state's signature (a digest, or older state's text) is this rule's. */

@@ -123,6 +123,32 @@ final class Velocity {
         return emits;
     }
 
+    /**
+     * The last-event state a key's newest event leaves (whether its window's aggregation
+     * was at or above the threshold), from the window as it is: what judging the same
+     * events in (ts, seq) order leaves. A warming rule's rows come out of that order (the
+     * archive's after live ones), so its state is settled after each step.
+     */
+    static void settle(RuleSpec rule, SubState st) {
+        if (st.size() == 0) {
+            st.prevAbove = null;
+            return;
+        }
+        SubState.Column col = st.column();
+        int n = col.size();
+        int lo = col.firstAfter(col.ts(n - 1) - rule.windowMs);
+        Window w = new Window(rule.aggregationType, col);
+        for (int i = lo; i < n; i++) {
+            w.enter(i);
+        }
+        try {
+            st.prevAbove = w.value(n - lo) >= rule.threshold;
+        } catch (EvaluationError e) {
+            st.prevAbove = null; // a min/max window without values: not above
+        }
+        st.sum = null;
+    }
+
     private static void copyOld(SubState st, int from, int to, long[] ts, double[] num, String[] jv) {
         ts[to] = st.ts[from];
         if (num != null) {

@@ -107,6 +107,7 @@ public final class Evaluate {
         DataTypes.createStructField("issue", DataTypes.StringType, true),
         DataTypes.createStructField("num", DataTypes.DoubleType, true),
         DataTypes.createStructField("jv", DataTypes.StringType, true),
+        DataTypes.createStructField("w", DataTypes.BooleanType, false),
     });
 
     static final DataType GROUP = DataTypes.createStructType(new org.apache.spark.sql.types.StructField[] {
@@ -167,7 +168,7 @@ public final class Evaluate {
             Row[] members = new Row[g.members.size()];
             for (int k = 0; k < members.length; k++) {
                 KeyedRules.Member m = g.members.get(k);
-                members[k] = RowFactory.create(m.index, m.ts, m.issue, m.num, m.json);
+                members[k] = RowFactory.create(m.index, m.ts, m.issue, m.num, m.json, m.warm);
             }
             groups[i] = RowFactory.create(g.gid, g.key, g.wm, members);
         }

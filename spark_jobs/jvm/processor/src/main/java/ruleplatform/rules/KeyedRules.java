@@ -1,7 +1,12 @@
 package ruleplatform.rules;
 
 import com.fasterxml.jackson.databind.JsonNode;
+import java.nio.charset.StandardCharsets;
+import java.security.MessageDigest;
+import java.security.NoSuchAlgorithmException;
 import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.Base64;
 import java.util.HashMap;
 import java.util.HashSet;
 import java.util.LinkedHashMap;
@@ -30,6 +35,13 @@ public final class KeyedRules {
     /** Which operator of the live chain judges a row: the first, or the second (correlation rules fed by a velocity rule). */
     public static final String FIRST = "first";
     public static final String SECOND = "second";
+    /**
+     * A warm-up record's `routeFrom`: WARM, the live rule id, NUL, the digest of its state
+     * signature (stateDigest). Such a record is an archived event replayed into that one
+     * rule's state (spark_jobs/streaming/warmup.py): it enters no other rule, and only as
+     * state (Member.warm).
+     */
+    public static final char WARM = '\u0002';
 
     /** One keyed rule row. */
     public static final class Row {
@@ -49,6 +61,10 @@ public final class KeyedRules {
         final String valNeed; // num | json | none
         final boolean keepJson;
         final String noTime;
+        /** The digest of the rule's state signature: what a warm-up record names. */
+        final String stateDigest;
+        /** A correlation rule's primaries are not warmed: only its context is state. */
+        final boolean warmable;
 
         Row(int index, JsonNode n) {
             this.index = index;
@@ -67,6 +83,8 @@ public final class KeyedRules {
             keepJson = n.get("keep_json").asBoolean();
             noTime = noTime(rule.get("rule_type").asText(), rule.get("uses_event_time").asBoolean(),
                 rule.path("timestamp_field").asText(null));
+            stateDigest = stateDigest(rule.get("signature").asText());
+            warmable = "velocity".equals(rule.get("rule_type").asText()) || "context".equals(role);
         }
     }
 
@@ -79,6 +97,19 @@ public final class KeyedRules {
         return "missing or unparseable " + what + " needed by " + ruleType + " rule";
     }
 
+    /**
+     * The stored form of a state signature (spark_jobs/engine/rule_set.py `signature`):
+     * the first 16 bytes of its UTF-8 text's SHA-256, base64url without padding.
+     */
+    public static String stateDigest(String signature) {
+        try {
+            byte[] sha = MessageDigest.getInstance("SHA-256").digest(signature.getBytes(StandardCharsets.UTF_8));
+            return Base64.getUrlEncoder().withoutPadding().encodeToString(Arrays.copyOf(sha, 16));
+        } catch (NoSuchAlgorithmException e) {
+            throw new IllegalStateException("every Java platform has SHA-256", e);
+        }
+    }
+
     /** An entered row: the row's index in the version, and what it reads of the event. */
     public static final class Member {
         public final int index;
@@ -87,13 +118,16 @@ public final class KeyedRules {
         public final String issue;
         public final Double num;
         public final String json;
+        /** A warm-up row: it fills the rule's state and is never judged (no emit, never late). */
+        public final boolean warm;
 
-        Member(int index, Long ts, String issue, Double num, String json) {
+        Member(int index, Long ts, String issue, Double num, String json, boolean warm) {
             this.index = index;
             this.ts = ts;
             this.issue = issue;
             this.num = num;
             this.json = json;
+            this.warm = warm;
         }
     }
 
@@ -176,7 +210,20 @@ public final class KeyedRules {
         if (v == null || topic == null) {
             return NONE;
         }
-        boolean context = FIRST.equals(stage) && contextTopics.contains(topic);
+        // A warm-up record: the archived event, for the one rule (and state) it names.
+        String warmRule = null;
+        String warmDigest = null;
+        if (routeFrom != null && !routeFrom.isEmpty() && routeFrom.charAt(0) == WARM) {
+            int sep = routeFrom.indexOf('\u0000');
+            if (sep < 0) {
+                return NONE;
+            }
+            warmRule = routeFrom.substring(1, sep);
+            warmDigest = routeFrom.substring(sep + 1);
+            routeFrom = null;
+        }
+        boolean warm = warmRule != null;
+        boolean context = !warm && FIRST.equals(stage) && contextTopics.contains(topic);
         RuleSet.Topic t = sources.get(source(stage, topic, routeFrom));
         if (t == null) {
             return context ? new Judged(List.of(), List.of(), true) : NONE;
@@ -189,6 +236,9 @@ public final class KeyedRules {
         Map<String, Long> newest = new HashMap<>();
         for (RuleSet.Rule candidate : tested) {
             Row r = rows[candidate.index];
+            if (warm && !(r.warmable && r.ruleId.equals(warmRule) && r.stateDigest.equals(warmDigest))) {
+                continue;
+            }
             if (!e.passes(r.conditions)) {
                 String path = e.blockedBy(r.conditions);
                 if (path != null) {
@@ -212,8 +262,8 @@ public final class KeyedRules {
                 continue;
             }
             byGroup.computeIfAbsent(r.gid, g -> new ArrayList<>())
-                .add(new Member(r.index, ts, issue, num, r.keepJson && r.val != null ? x.json() : null));
-            if (r.eventTime && issue == null) {
+                .add(new Member(r.index, ts, issue, num, r.keepJson && r.val != null ? x.json() : null, warm));
+            if (r.eventTime && issue == null && !warm) {
                 newest.merge(r.gid, ts, Math::max);
             }
         }
@@ -224,6 +274,10 @@ public final class KeyedRules {
             if (key != null) {
                 groups.add(new Group(g.getKey(), key, newest.get(g.getKey()), g.getValue()));
             }
+        }
+        if (warm) {
+            // Counted when the event was judged live; a warm-up only fills state.
+            return new Judged(groups, List.of(), false);
         }
         blockedBy.addAll(notNumber);
         return new Judged(groups, blockedBy, context);
