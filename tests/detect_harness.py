@@ -183,3 +183,38 @@ def wait_port(port: int, proc: subprocess.Popen, what: str = "the server", timeo
         except OSError:
             time.sleep(0.5)
     raise TimeoutError(f"{what} never listened on port {port}")
+
+
+def window_sizes(spark, checkpoint: Path, operator: int) -> dict[str, dict[str, int]]:  # noqa: ANN001
+    """Per key of the job's keyed operator `operator` (its MapState `subs`, read with
+    Spark's state data source), per rule id, how many events its sub-state's window holds
+    in its own entry. Parsed from the layouts the JVM documents (KeyState: a format byte,
+    a part count, per part an int-length id and an int-length sub-state; SubState: a
+    format byte, maxTs and expiry as a flag byte and a long, the signature as an
+    int-length string, a last-crossing byte, the window's event count)."""
+    import struct
+
+    spark.streams.active  # noqa: B018 - the store reports to the StateStoreCoordinator its query manager makes
+    rows = (spark.read.format("statestore").option("operatorId", operator).option("stateVarName", "subs")
+            .load(str(checkpoint / "query")).collect())
+    out: dict[str, dict[str, int]] = {}
+    for row in rows:
+        # Each a struct of one field (the state variable's encoder: a string, a binary).
+        key, value = row["user_map_key"][0], bytes(row["user_map_value"][0])
+        if "\x00" in key:  # a sealed chunk's entry
+            continue
+        assert value[0] == 2, value[:1]
+        parts, at = {}, 5
+        for _ in range(struct.unpack_from(">i", value, 1)[0]):
+            n = struct.unpack_from(">i", value, at)[0]
+            rule_id, at = value[at + 4:at + 4 + n].decode(), at + 4 + n
+            n = struct.unpack_from(">i", value, at)[0]
+            sub, at = value[at + 4:at + 4 + n], at + 4 + n
+            pos = 1
+            for _ in range(2):  # maxTs, expiry
+                pos += 9 if sub[pos] else 1
+            sig = struct.unpack_from(">i", sub, pos)[0]
+            pos += 4 + max(sig, 0) + 1
+            parts[rule_id] = struct.unpack_from(">i", sub, pos)[0]
+        out[key] = parts
+    return out

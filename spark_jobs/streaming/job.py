@@ -405,7 +405,7 @@ def event_rows(raw: DataFrame, versions_dir: Path, max_ahead_ms: int,
     # A record that is no event is a dead letter of the real-time lane's when it runs
     # (threshold_lane.py); one this query quarantined (quarantine.py) stays its own. A
     # warm-up record is history: it was judged (or dead-lettered) when it was live.
-    live = ~F.col("_warm")
+    live = ~F.col("_warm") if "_warm" in raw.columns else F.lit(True)
     dead = (~event & live) if thresholds else F.col("_quarantine").isNotNull()
     passing = [(dead, _carry(kind=F.lit("dead"), ts_ms=F.col("proc_ms"), reason=F.col("_reason")))]
     unreadable = None

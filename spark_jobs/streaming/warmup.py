@@ -51,7 +51,7 @@ from spark_jobs.archive.table import SEQ_SHIFT
 from spark_jobs.engine.rule_set import WarmState, signature
 from spark_jobs.kafka import admin
 from spark_jobs.kafka.spark_io import read_batch, write_batch
-from spark_jobs.rules.model import AnyRule, CorrelationRule, parse_rule
+from spark_jobs.rules.model import SHADOW_SUFFIX, AnyRule, CorrelationRule, VelocityRule, base_id, parse_rule
 from spark_jobs.streaming.rule_versions import batch_versions
 from spark_jobs.streaming.rules_source import RuleRow
 
@@ -59,10 +59,11 @@ log = logging.getLogger(__name__)
 
 # ruleplatform.rules.KeyedRules.WARM: a warm-up record's route_from starts with it.
 WARM_MARK = "\u0002"
-# A warm-up record's value: the archived event and where it came from.
-ENVELOPE = "r STRING, s STRING, t STRING, q BIGINT, p BIGINT, raw STRING"
+# A warm-up record's value is a JSON object: the rule's live id `r`, its state digest
+# `s`, the archived event's topic `t`, arrival position `q`, broker time `p` (ms) and
+# text `raw`.
 
-LOADING, WARM, WARMING, COLD = "loading", "warm", "warming", "cold"
+LOADING, WARM, WARMING, COLD, SHARED = "loading", "warm", "warming", "cold", "shared"
 
 
 def state_digest(sig: str) -> str:
@@ -154,10 +155,20 @@ class WarmWindows:
         with self._lock:
             for live_id in set(self.entries) - set(rules):
                 del self.entries[live_id]
-            for live_id, rule in rules.items():
+            # Versions in force first: a shadow that shares one's window takes its epoch.
+            for live_id, rule in sorted(rules.items(), key=lambda kv: kv[0].endswith(SHADOW_SUFFIX)):
                 base, window = state_digest(signature(rule)), rule.window_ms
                 e = self.entries.get(live_id)
-                if e is not None and e.base == base and e.window_ms == window:
+                in_force = self.entries.get(base_id(live_id)) if live_id.endswith(SHADOW_SUFFIX) else None
+                if in_force is not None and _shares(rule, rules[base_id(live_id)]):
+                    # The operator judges it on the window of the version in force
+                    # (DetectionProcessor `sharing`): nothing of its own to fill.
+                    if e is None or e.state != SHARED or e.epoch != in_force.epoch:
+                        self.entries[live_id] = Entry(base, window, in_force.epoch, SHARED, _iso(time.time() * 1000),
+                                                      reason="shares the window of the version in force")
+                    continue
+                # (A shadow that shared a window it no longer does fills its own, afresh.)
+                if e is not None and e.state != SHARED and e.base == base and e.window_ms == window:
                     continue
                 # A window change keeps the signature: a new epoch drops the old state.
                 epoch = e.epoch + 1 if e is not None and e.base == base else 0
@@ -365,9 +376,11 @@ class WarmWindows:
         with self._lock:
             out = {k: {key: v for key, v in asdict(e).items() if key in (
                 "state", "since", "batch", "events", "until", "reason", "epoch")} for k, e in self.entries.items()}
-        for entry in out.values():
+        for live_id, entry in out.items():
             if entry["state"] == WARMING and entry["until"] and entry["until"] <= now:
                 entry["state"] = WARM
+            elif entry["state"] == SHARED and out.get(base_id(live_id), {}).get("state") == LOADING:
+                entry["state"] = LOADING  # judged with the version in force, which is loading
         return out
 
     def _save(self) -> None:
@@ -375,6 +388,13 @@ class WarmWindows:
         tmp = self.path.with_name(f".{self.path.name}.tmp")
         tmp.write_text(json.dumps({k: asdict(e) for k, e in self.entries.items()}, indent=1))
         tmp.replace(self.path)
+
+
+def _shares(shadow: AnyRule, in_force: AnyRule) -> bool:
+    """Whether a velocity shadow shares the window of the version in force: the same
+    state signature (the same events enter both) and the same window."""
+    return (isinstance(shadow, VelocityRule) and isinstance(in_force, VelocityRule)
+            and signature(shadow) == signature(in_force) and shadow.window_ms == in_force.window_ms)
 
 
 def _below(ranges: Mapping[tuple[str, int], int]) -> Column:
@@ -399,10 +419,15 @@ def _read_upto(progress: Mapping | None, topic: str) -> dict[str, int]:
 def unpack(value: Column, is_warm: Column) -> dict[str, Column]:
     """The columns of a warm-up record as the job reads an event (`_input`): the rule it
     is for (route_from, WARM_MARK rule NUL digest), the event's topic, arrival position,
-    broker time and text; NULL on other records."""
-    env = F.when(is_warm, F.from_json(value, ENVELOPE))
-    return {
-        "route_from": F.concat(F.lit(WARM_MARK), env["r"], F.lit("\u0000"), env["s"]),
-        "topic": env["t"], "seq": env["q"], "proc_ms": env["p"], "raw": env["raw"],
-    }
+    broker time and text; NULL on other records. Read through VARIANT, as events are
+    (from_json would be the one projection of the plan without generated code)."""
+    env = F.when(is_warm, F.try_parse_json(value))
 
+    def get(name: str, kind: str) -> Column:
+        return F.try_variant_get(env, f"$.{name}", kind)
+
+    return {
+        "route_from": F.concat(F.lit(WARM_MARK), get("r", "string"), F.lit("\u0000"), get("s", "string")),
+        "topic": get("t", "string"), "seq": get("q", "bigint"), "proc_ms": get("p", "bigint"),
+        "raw": get("raw", "string"),
+    }

@@ -232,23 +232,50 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
             byte[] packed = subs.getValue(k);
             KeyState ks = packed == null ? new KeyState() : KeyState.decode(packed);
             boolean changed = false;
+            Map<Judged, List<Judged>> sharing = sharing(e.getValue());
             for (Judged j : e.getValue()) {
                 RuleSpec rule = j.rule;
+                if (rule.ruleId.endsWith(SHADOW) && isFollower(j, sharing)) {
+                    continue; // judged with the version in force it shares a window with
+                }
                 String prefix = k + SEP + rule.ruleId;
+                List<Judged> shadows = sharing.getOrDefault(j, List.of());
+                List<Velocity.Follower> followers = new ArrayList<>(shadows.size());
+                for (Judged f : shadows) {
+                    followers.add(new Velocity.Follower(f.rule, followerState(k, f.rule, ks)));
+                }
                 SubState stored;
                 try {
                     byte[] v = ks.parts.get(rule.ruleId);
                     stored = evaluate(rule, j.rows, watermark, j.out, v == null ? null : SubState.decode(v),
-                        id -> subs.getValue(chunkKey(prefix, id)));
+                        id -> subs.getValue(chunkKey(prefix, id)), followers);
                 } catch (RuntimeException exc) {
                     // One key's failure dead-letters that key's rows and keeps its state;
                     // the batch, every other key and rule go on.
                     String reason = EvaluationError.reason(exc);
-                    j.out.clear();
-                    for (Ev r : j.rows) {
-                        j.out.add(output("dead", rule, r, null, reason));
+                    for (Judged f : prepend(j, shadows)) {
+                        f.out.clear();
+                        for (Ev r : f.rows) {
+                            f.out.add(output("dead", f.rule, r, null, reason));
+                        }
                     }
                     continue;
+                }
+                for (int i = 0; i < shadows.size(); i++) {
+                    Judged f = shadows.get(i);
+                    Velocity.Follower fo = followers.get(i);
+                    timedRows(f.rule, f.rows, watermark, f.out);
+                    String kind = f.rule.emitToSink ? "detection" : "routed";
+                    for (Emit em : fo.emits) {
+                        f.out.add(output(kind, f.rule, em.row, em, null));
+                    }
+                    if (stored != null) {
+                        fo.st.maxTs = stored.maxTs;
+                        fo.st.expiry = stored.expiry;
+                        fo.st.signature = f.rule.signature;
+                        ks.parts.put(f.rule.ruleId, fo.st.encode());
+                        changed = true;
+                    }
                 }
                 if (stored == null) {
                     continue;
@@ -294,6 +321,75 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
             }
         }
         return CollectionConverters.asScala(out.iterator());
+    }
+
+    /** A shadow's live id: `<rule_id>@shadow` (spark_jobs/rules/model.py SHADOW_SUFFIX). */
+    private static final String SHADOW = "@shadow";
+
+    /**
+     * The velocity shadows of one key's rules that share the window of the version in
+     * force, by that version: the same state signature and window mean the same events
+     * enter both, so one window serves both (the shadow keeps its last-event state only).
+     */
+    private static Map<Judged, List<Judged>> sharing(List<Judged> judged) {
+        Map<Judged, List<Judged>> out = new java.util.IdentityHashMap<>();
+        if (judged.size() < 2) {
+            return out;
+        }
+        Map<String, Judged> byId = new HashMap<>();
+        for (Judged j : judged) {
+            byId.put(j.rule.ruleId, j);
+        }
+        for (Judged j : judged) {
+            RuleSpec r = j.rule;
+            if (!r.velocity || !r.ruleId.endsWith(SHADOW)) {
+                continue;
+            }
+            Judged base = byId.get(r.ruleId.substring(0, r.ruleId.length() - SHADOW.length()));
+            if (base != null && base.rule.velocity && base.rule.signature.equals(r.signature)
+                    && base.rule.windowMs == r.windowMs) {
+                out.computeIfAbsent(base, x -> new ArrayList<>()).add(j);
+            }
+        }
+        return out;
+    }
+
+    private static boolean isFollower(Judged j, Map<Judged, List<Judged>> sharing) {
+        for (List<Judged> shadows : sharing.values()) {
+            for (Judged s : shadows) {
+                if (s == j) {
+                    return true;
+                }
+            }
+        }
+        return false;
+    }
+
+    private static List<Judged> prepend(Judged first, List<Judged> rest) {
+        List<Judged> all = new ArrayList<>(rest.size() + 1);
+        all.add(first);
+        all.addAll(rest);
+        return all;
+    }
+
+    /**
+     * A sharing shadow's own sub-state: its last-event state and no window (a window of
+     * its own from before it shared is dropped, its sealed chunks' entries too).
+     */
+    private SubState followerState(String key, RuleSpec rule, KeyState ks) {
+        byte[] v = ks.parts.get(rule.ruleId);
+        SubState own = new SubState();
+        if (v == null) {
+            return own;
+        }
+        SubState old = SubState.decode(v);
+        if (old.signature == null || rule.sameState(old.signature)) {
+            own.prevAbove = old.prevAbove;
+        }
+        for (SubState.Chunk c : old.sealed) {
+            subs.removeKey(chunkKey(key + SEP + rule.ruleId, c.id));
+        }
+        return own;
     }
 
     /**
@@ -366,7 +462,35 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
      * appended to `out`; returns the new sub-state (null: untouched).
      */
     private static SubState evaluate(RuleSpec rule, List<Ev> rows, long watermark, List<Row> out, SubState v,
-                                     SubState.ChunkStore store) {
+                                     SubState.ChunkStore store, List<Velocity.Follower> followers) {
+        List<Ev> fresh = timedRows(rule, rows, watermark, out);
+        if (fresh == null) {
+            return null;
+        }
+        fresh.sort(Ev::byTsSeq);
+        SubState st = v == null ? new SubState() : v;
+        st.store = store;
+        if (st.signature != null && !rule.sameState(st.signature)) {
+            // New conditions, grouping or value fields: old entries no longer qualify.
+            st.clearWindow();
+            st.context = new ArrayList<>();
+            st.pending = new ArrayList<>();
+            st.prevAbove = null;
+        }
+        if (rule.velocity) {
+            velocity(rule, fresh, st, watermark, out, followers);
+        } else {
+            correlation(rule, fresh, st, watermark, out);
+        }
+        st.signature = rule.signature;
+        return st;
+    }
+
+    /**
+     * The rows of `rows` that may enter state; dead letters for the others (no usable
+     * time, late) appended to `out`. Null: no row has a usable time.
+     */
+    private static List<Ev> timedRows(RuleSpec rule, List<Ev> rows, long watermark, List<Row> out) {
         List<Ev> fresh = new ArrayList<>();
         boolean anyTime = false;
         for (Ev r : rows) {
@@ -389,26 +513,7 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
                 fresh.add(r);
             }
         }
-        if (!anyTime) {
-            return null;
-        }
-        fresh.sort(Ev::byTsSeq);
-        SubState st = v == null ? new SubState() : v;
-        st.store = store;
-        if (st.signature != null && !rule.sameState(st.signature)) {
-            // New conditions, grouping or value fields: old entries no longer qualify.
-            st.clearWindow();
-            st.context = new ArrayList<>();
-            st.pending = new ArrayList<>();
-            st.prevAbove = null;
-        }
-        if (rule.velocity) {
-            velocity(rule, fresh, st, watermark, out);
-        } else {
-            correlation(rule, fresh, st, watermark, out);
-        }
-        st.signature = rule.signature;
-        return st;
+        return anyTime ? fresh : null;
     }
 
     /** Each row with `et` appended (stampOf). */
@@ -439,16 +544,23 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
         return x == null || x == 0L ? y : x;
     }
 
-    private static void velocity(RuleSpec rule, List<Ev> rows, SubState st, long watermark, List<Row> out) {
-        List<Emit> emits = Velocity.step(rule, st, rows);
+    private static void velocity(RuleSpec rule, List<Ev> rows, SubState st, long watermark, List<Row> out,
+                                 List<Velocity.Follower> followers) {
+        List<Emit> emits = Velocity.step(rule, st, rows, followers);
         if (rule.warming) {
             // Filling the windows (warm-up rows from the archive, live rows since the
             // rule came in), in whatever order they come: no emit, and the last-event
             // state is the one the key's newest event leaves, as if judged in order.
             emits.clear();
-            Velocity.settle(rule, st);
+            for (Velocity.Follower f : followers) {
+                f.emits.clear();
+            }
+            Velocity.settle(rule, st, followers);
         } else {
             emits.removeIf(e -> e.row.warm);
+            for (Velocity.Follower f : followers) {
+                f.emits.removeIf(e -> e.row.warm);
+            }
         }
         if (!rows.isEmpty()) {
             long newest = rows.get(rows.size() - 1).ts; // sorted by time

@@ -35,7 +35,29 @@ final class Velocity {
         String jv(int i);
     }
 
+    /**
+     * A shadow version that shares its window with the version in force (same state
+     * signature and window: the same events enter both, so their windows are equal):
+     * it keeps its own last-event state and is judged on the aggregates of that window,
+     * with its own threshold and emit mode ({@link #step}).
+     */
+    static final class Follower {
+        final RuleSpec rule;
+        final SubState st;
+        final List<Emit> emits = new ArrayList<>();
+
+        Follower(RuleSpec rule, SubState st) {
+            this.rule = rule;
+            this.st = st;
+        }
+    }
+
     static List<Emit> step(RuleSpec rule, SubState st, List<Ev> rows) {
+        return step(rule, st, rows, List.of());
+    }
+
+    /** As {@link #step(RuleSpec, SubState, List)}, each of `followers` judged on the same aggregates. */
+    static List<Emit> step(RuleSpec rule, SubState st, List<Ev> rows, List<Follower> followers) {
         List<Emit> emits = new ArrayList<>();
         int n = rows.size();
         if (n == 0) {
@@ -98,6 +120,10 @@ final class Velocity {
             hi = lo;
         }
         Crossing crossing = new Crossing(st.prevAbove, m > 0, newest);
+        Crossing[] others = new Crossing[followers.size()];
+        for (int f = 0; f < others.length; f++) {
+            others[f] = new Crossing(followers.get(f).st.prevAbove, m > 0, newest);
+        }
         for (int i = 0; i < n; i++) {
             long t = rows.get(i).ts;
             while (hi <= pos[i]) {
@@ -112,8 +138,19 @@ final class Velocity {
                 e.aggValue = agg;
                 emits.add(e);
             }
+            for (int f = 0; f < others.length; f++) {
+                Follower fo = followers.get(f);
+                if (others[f].fires(t, size, agg >= fo.rule.threshold, fo.rule.allEvents)) {
+                    Emit e = new Emit(rows.get(i));
+                    e.aggValue = agg;
+                    fo.emits.add(e);
+                }
+            }
         }
         st.prevAbove = crossing.prev;
+        for (int f = 0; f < others.length; f++) {
+            followers.get(f).st.prevAbove = others[f].prev;
+        }
         // The window of the newest row, kept when it reaches the column's end (no stored row
         // newer than the batch's last).
         boolean sums = "sum".equals(kind) || "avg".equals(kind);
@@ -129,22 +166,25 @@ final class Velocity {
      * events in (ts, seq) order leaves. A warming rule's rows come out of that order (the
      * archive's after live ones), so its state is settled after each step.
      */
-    static void settle(RuleSpec rule, SubState st) {
-        if (st.size() == 0) {
-            st.prevAbove = null;
-            return;
+    static void settle(RuleSpec rule, SubState st, List<Follower> followers) {
+        Double agg = null;
+        if (st.size() > 0) {
+            SubState.Column col = st.column();
+            int n = col.size();
+            int lo = col.firstAfter(col.ts(n - 1) - rule.windowMs);
+            Window w = new Window(rule.aggregationType, col);
+            for (int i = lo; i < n; i++) {
+                w.enter(i);
+            }
+            try {
+                agg = w.value(n - lo);
+            } catch (EvaluationError e) {
+                agg = null; // a min/max window without values: not above
+            }
         }
-        SubState.Column col = st.column();
-        int n = col.size();
-        int lo = col.firstAfter(col.ts(n - 1) - rule.windowMs);
-        Window w = new Window(rule.aggregationType, col);
-        for (int i = lo; i < n; i++) {
-            w.enter(i);
-        }
-        try {
-            st.prevAbove = w.value(n - lo) >= rule.threshold;
-        } catch (EvaluationError e) {
-            st.prevAbove = null; // a min/max window without values: not above
+        st.prevAbove = agg == null ? null : agg >= rule.threshold;
+        for (Follower f : followers) {
+            f.st.prevAbove = agg == null ? null : agg >= f.rule.threshold;
         }
         st.sum = null;
     }

@@ -112,3 +112,26 @@ def test_state_digest_is_the_first_16_bytes_of_sha256_in_base64url():
 def test_warm_start_true_is_left_out_of_the_canonical_form():
     assert "warm_start" not in rule_to_json_dict(parse_rule(_velocity()))
     assert rule_to_json_dict(parse_rule(_velocity(warm_start=False)))["warm_start"] is False
+
+
+def test_a_velocity_shadow_letting_in_what_the_version_in_force_does_shares_its_window(tmp_path):
+    w = _windows(tmp_path)
+    in_force, shadow = _velocity(), _velocity(version="2", mode="shadow", threshold=3)
+    plan = w.plan(_rows(in_force, shadow))
+    assert plan == {"v": WarmState(0, True), "v@shadow": WarmState(0, False)}
+    assert w.status()["v@shadow"]["state"] == "shared"
+    # Another window: a window of its own, filled from the archive.
+    assert w.plan(_rows(in_force, _velocity(version="3", mode="shadow", window_size=2)))["v@shadow"] == WarmState(1, True)
+    # Other conditions: its own too, under its own signature.
+    w.entries["v@shadow"].state = "warm"
+    other = _velocity(version="4", mode="shadow", conditions=[{"field": "kind", "operator": "==", "value": "x"}])
+    assert w.plan(_rows(in_force, other))["v@shadow"] == WarmState(0, True)
+
+
+def test_a_sharing_shadow_takes_the_epoch_of_the_version_in_force(tmp_path):
+    w = _windows(tmp_path)
+    w.plan(_rows(_velocity()))
+    w.entries["v"].state = "warm"
+    w.plan(_rows(_velocity(version="2", window_size=3)))  # a new window: epoch 1
+    plan = w.plan(_rows(_velocity(version="2", window_size=3), _velocity(version="5", mode="shadow", window_size=3)))
+    assert plan["v@shadow"] == WarmState(1, False) and plan["v"].epoch == 1
