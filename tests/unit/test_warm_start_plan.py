@@ -119,6 +119,9 @@ def test_a_velocity_shadow_letting_in_what_the_version_in_force_does_shares_its_
     in_force, shadow = _velocity(), _velocity(version="2", mode="shadow", threshold=3)
     plan = w.plan(_rows(in_force, shadow))
     assert plan == {"v": WarmState(0, True), "v@shadow": WarmState(0, False)}
+    # It judges with the version in force: loading while that loads.
+    assert w.status()["v@shadow"]["state"] == "loading"
+    w.entries["v"].state = "warm"
     assert w.status()["v@shadow"]["state"] == "shared"
     # Another window: a window of its own, filled from the archive.
     assert w.plan(_rows(in_force, _velocity(version="3", mode="shadow", window_size=2)))["v@shadow"] == WarmState(1, True)
