@@ -47,7 +47,7 @@ from confluent_kafka import TopicPartition
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from spark_jobs.archive.table import SEQ_SHIFT
+from spark_jobs.archive.table import seq_column
 from spark_jobs.engine.rule_set import WarmState, signature
 from spark_jobs.kafka import admin
 from spark_jobs.kafka.spark_io import read_batch, write_batch
@@ -325,7 +325,7 @@ class WarmWindows:
         envelope = F.to_json(F.struct(
             F.lit(live_id).alias("r"), F.lit(state_digest(signature(rule, e.epoch))).alias("s"),
             F.col("topic").alias("t"),
-            (F.col("partition").cast("long") * F.lit(1 << SEQ_SHIFT) + F.col("offset")).alias("q"),
+            seq_column().alias("q"),
             F.unix_millis("timestamp").alias("p"), F.col("raw")))
         out = rows.select(F.lit(self.topic).alias("topic"), F.lit(live_id).alias("key"), envelope.alias("value"))
         out = out.cache()
