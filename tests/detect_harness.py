@@ -185,19 +185,21 @@ def wait_port(port: int, proc: subprocess.Popen, what: str = "the server", timeo
     raise TimeoutError(f"{what} never listened on port {port}")
 
 
-def window_sizes(spark, checkpoint: Path, operator: int) -> dict[str, dict[str, int]]:  # noqa: ANN001
+def state_sizes(spark, checkpoint: Path, operator: int) -> dict[str, dict[str, tuple[int, int]]]:  # noqa: ANN001
     """Per key of the job's keyed operator `operator` (its MapState `subs`, read with
-    Spark's state data source), per rule id, how many events its sub-state's window holds
-    in its own entry. Parsed from the layouts the JVM documents (KeyState: a format byte,
-    a part count, per part an int-length id and an int-length sub-state; SubState: a
-    format byte, maxTs and expiry as a flag byte and a long, the signature as an
-    int-length string, a last-crossing byte, the window's event count)."""
+    Spark's state data source), per rule id, how many events its sub-state's window and
+    its context buffer hold in its own entry. Parsed from the layouts the JVM documents
+    (KeyState: a format byte, a part count, per part an int-length id and an int-length
+    sub-state; SubState: a format byte, maxTs and expiry as a flag byte and a long, the
+    signature as an int-length string, a last-crossing byte, the window (an event count,
+    the times, a flag byte and the numbers, a flag byte and int-length texts), then the
+    context buffer's row count)."""
     import struct
 
     spark.streams.active  # noqa: B018 - the store reports to the StateStoreCoordinator its query manager makes
     rows = (spark.read.format("statestore").option("operatorId", operator).option("stateVarName", "subs")
             .load(str(checkpoint / "query")).collect())
-    out: dict[str, dict[str, int]] = {}
+    out: dict[str, dict[str, tuple[int, int]]] = {}
     for row in rows:
         # Each a struct of one field (the state variable's encoder: a string, a binary).
         key, value = row["user_map_key"][0], bytes(row["user_map_value"][0])
@@ -215,6 +217,15 @@ def window_sizes(spark, checkpoint: Path, operator: int) -> dict[str, dict[str, 
                 pos += 9 if sub[pos] else 1
             sig = struct.unpack_from(">i", sub, pos)[0]
             pos += 4 + max(sig, 0) + 1
-            parts[rule_id] = struct.unpack_from(">i", sub, pos)[0]
+            window = struct.unpack_from(">i", sub, pos)[0]
+            pos += 4 + 8 * window
+            pos += 1 + (8 * window if sub[pos] else 0)
+            if sub[pos]:
+                pos += 1
+                for _ in range(window):
+                    pos += 4 + max(struct.unpack_from(">i", sub, pos)[0], 0)
+            else:
+                pos += 1
+            parts[rule_id] = (window, struct.unpack_from(">i", sub, pos)[0])
         out[key] = parts
     return out

@@ -96,6 +96,7 @@ def rule_spec(rule: AnyRule, signature: str) -> dict:
         d.update(
             watermark_delay_ms=int(rule.watermark_delay * 1000),
             lookback_ms=rule.lookback_ms,
+            velocity_filter_rule_id=rule.velocity_filter_rule_id,
             context_resolution=rule.context_resolution,
             min_context_points=rule.min_context_points,
             metric=rule.metric,

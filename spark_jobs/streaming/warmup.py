@@ -155,19 +155,19 @@ class WarmWindows:
         with self._lock:
             for live_id in set(self.entries) - set(rules):
                 del self.entries[live_id]
-            # Versions in force first: a shadow that shares one's window takes its epoch.
+            # Versions in force first: a shadow that shares the state of one takes its epoch.
             for live_id, rule in sorted(rules.items(), key=lambda kv: kv[0].endswith(SHADOW_SUFFIX)):
                 base, window = state_digest(signature(rule)), rule.window_ms
                 e = self.entries.get(live_id)
                 in_force = self.entries.get(base_id(live_id)) if live_id.endswith(SHADOW_SUFFIX) else None
                 if in_force is not None and _shares(rule, rules[base_id(live_id)]):
-                    # The operator judges it on the window of the version in force
+                    # The operator judges it on the state of the version in force
                     # (DetectionProcessor `sharing`): nothing of its own to fill.
                     if e is None or e.state != SHARED or e.epoch != in_force.epoch:
                         self.entries[live_id] = Entry(base, window, in_force.epoch, SHARED, _iso(time.time() * 1000),
-                                                      reason="shares the window of the version in force")
+                                                      reason="shares the state of the version in force")
                     continue
-                # (A shadow that shared a window it no longer does fills its own, afresh.)
+                # (A shadow that shared state it no longer does fills its own, afresh.)
                 if e is not None and e.state != SHARED and e.base == base and e.window_ms == window:
                     continue
                 # A window change keeps the signature: a new epoch drops the old state.
@@ -391,10 +391,17 @@ class WarmWindows:
 
 
 def _shares(shadow: AnyRule, in_force: AnyRule) -> bool:
-    """Whether a velocity shadow shares the window of the version in force: the same
-    state signature (the same events enter both) and the same window."""
-    return (isinstance(shadow, VelocityRule) and isinstance(in_force, VelocityRule)
-            and signature(shadow) == signature(in_force) and shadow.window_ms == in_force.window_ms)
+    """Whether a shadow is judged on the state of the version in force (the JVM's
+    DetectionProcessor `shares`): the same events enter both (the same state signature
+    and, for a correlation rule, primaries routed from the same velocity rule, if any)
+    and both keep them as long (the same window, or lookback)."""
+    if type(shadow) is not type(in_force) or signature(shadow) != signature(in_force):
+        return False
+    if isinstance(shadow, VelocityRule):
+        return shadow.window_ms == in_force.window_ms
+    return (isinstance(shadow, CorrelationRule) and isinstance(in_force, CorrelationRule)
+            and shadow.lookback_ms == in_force.lookback_ms
+            and shadow.velocity_filter_rule_id == in_force.velocity_filter_rule_id)
 
 
 def _below(ranges: Mapping[tuple[str, int], int]) -> Column:

@@ -8,10 +8,11 @@ import json
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from detect_harness import DetectJob, detections, produce, wait_detections, window_sizes
+from detect_harness import DetectJob, detections, produce, state_sizes, wait_detections
 
 from spark_jobs.backtest.inputs import InputSpec
 from spark_jobs.backtest.runner import BacktestConfig, run_backtest
@@ -194,6 +195,20 @@ def _click(n: int) -> str:
     return json.dumps({"type": "sclick", "user_id": "su1", "n": n})
 
 
+def _pay(tag: str, amount: int, at: datetime) -> str:
+    return json.dumps({"type": "spay", "acct": "cu1", "pay": tag, "amount": amount, "timestamp": at.isoformat()})
+
+
+def _over_limit(version: str, above: int, mode: str = "active") -> dict:
+    """Payments (events with an `acct`) whose amount minus the account's last limit (its
+    context) is above `above`."""
+    return {"rule_id": "shadow_limit", "version": version, "rule_type": "correlation", "source_topic": "events.raw",
+            "mode": mode, "context_topic": "context.raw", "context_type_field": "type", "context_type_value": "slimit",
+            "correlation_key": "acct", "window_size": 1, "window_unit": "hours", "context_resolution": "last",
+            "context_value_field": "limit", "timestamp_field": "timestamp", "metric": "difference",
+            "event_value_field": "amount", "condition": {"operator": ">", "value": above}}
+
+
 def _velocity(version: str, threshold: int, mode: str = "active") -> dict:
     return {"rule_id": "shadow_clicks", "version": version, "rule_type": "velocity", "source_topic": "events.raw",
             "mode": mode, "conditions": [{"field": "type", "operator": "==", "value": "sclick"}],
@@ -204,9 +219,10 @@ def _velocity(version: str, threshold: int, mode: str = "active") -> dict:
 def test_a_shadow_version_runs_beside_the_version_in_force_and_never_reaches_the_sink(live, broker, spark):
     """Issue 39: a shadow version judges the same events as the version in force; a
     velocity shadow that lets in what the version in force does, over the same window,
-    shares its window in state (judged with its own threshold); its detections go to
-    events.shadow only; `rulectl shadow` counts what each detected; an active release of
-    the rule ends the shadow. No query restart."""
+    shares its window in state (judged with its own threshold), and a correlation shadow
+    with the same context and lookback shares its context (judged with its own
+    condition); its detections go to events.shadow only; `rulectl shadow` counts what
+    each detected; an active release of the rule ends the shadow. No query restart."""
     job, _ = live
     before = job.wait_for(lambda s: s.get("lag") == 0)
     buy = {"rule_id": "shadow_buy", "version": "1", "rule_type": "threshold", "source_topic": "events.raw",
@@ -215,31 +231,45 @@ def test_a_shadow_version_runs_beside_the_version_in_force_and_never_reaches_the
     buy_shadow = {**buy, "version": "2", "mode": "shadow",
                   "conditions": [buy["conditions"][0], {"field": "amount", "operator": ">=", "value": 20},
                                  {"field": "amount", "operator": "<=", "value": 70}]}
-    publish_rules([parse_rule(buy), parse_rule(_velocity("1", 3))], broker.bootstrap)
-    publish_rules([parse_rule(buy_shadow), parse_rule(_velocity("2", 2, "shadow"))], broker.bootstrap)
+    publish_rules([parse_rule(buy), parse_rule(_velocity("1", 3)), parse_rule(_over_limit("1", 0))], broker.bootstrap)
+    publish_rules([parse_rule(buy_shadow), parse_rule(_velocity("2", 2, "shadow")),
+                   parse_rule(_over_limit("2", -20, "shadow"))], broker.bootstrap)
     job.wait_for(lambda s: s["rule_versions"].get("shadow_buy@shadow") == "2"
-                 and s["rule_versions"].get("shadow_clicks@shadow") == "2" and s["rule_versions"].get("shadow_buy") == "1")
+                 and s["rule_versions"].get("shadow_clicks@shadow") == "2" and s["rule_versions"].get("shadow_buy") == "1"
+                 and s["rule_versions"].get("shadow_limit") == "1" and s["rule_versions"].get("shadow_limit@shadow") == "2")
+    now = datetime.now(UTC)
+    produce(broker.bootstrap, "context.raw", [json.dumps({"type": "slimit", "acct": "cu1", "limit": 100,
+                                                          "timestamp": (now - timedelta(seconds=30)).isoformat()})])
+    job.wait_for(lambda s: s.get("lag") == 0)
     produce(broker.bootstrap, "events.raw", [_buy("a", 10), _buy("b", 25), _buy("c", 60), _buy("d", 80), _buy("e", 30),
-                                             _click(1), _click(2), _click(3)])
-    wait_detections(broker.bootstrap, "events.shadow", lambda d: len([x for x in d if x.get("type") in ("sbuy", "sclick")]) >= 5)
+                                             _click(1), _click(2), _click(3),
+                                             _pay("p1", 90, now), _pay("p2", 110, now), _pay("p3", 70, now)])
+    wait_detections(broker.bootstrap, "events.shadow",
+                    lambda d: len([x for x in d if x.get("type") in ("sbuy", "sclick", "spay")]) >= 7)
     job.wait_for(lambda s: s.get("lag") == 0)
     time.sleep(2)
-    sink = [d for d in detections(broker.bootstrap) if d.get("type") in ("sbuy", "sclick")]
-    shadow = [d for d in detections(broker.bootstrap, "events.shadow") if d.get("type") in ("sbuy", "sclick")]
-    # In force: amount >= 50 (c, d); 3 clicks in a minute (the third).
-    assert sorted((d["rule_id"], d["rule_version"], d.get("buy") or d["n"]) for d in sink) == [
-        ("shadow_buy", "1", "c"), ("shadow_buy", "1", "d"), ("shadow_clicks", "1", 3)]
+    sink = [d for d in detections(broker.bootstrap) if d.get("type") in ("sbuy", "sclick", "spay")]
+    shadow = [d for d in detections(broker.bootstrap, "events.shadow") if d.get("type") in ("sbuy", "sclick", "spay")]
+    # In force: amount >= 50 (c, d); 3 clicks in a minute (the third); a payment over
+    # the limit of 100 (p2).
+    assert sorted((d["rule_id"], d["rule_version"], d.get("buy") or d.get("pay") or d["n"]) for d in sink) == [
+        ("shadow_buy", "1", "c"), ("shadow_buy", "1", "d"), ("shadow_clicks", "1", 3), ("shadow_limit", "1", "p2")]
     assert not [d for d in sink if "mode" in d]
     # The shadow: 20 <= amount <= 70 (b, c, e); 2 clicks in a minute (the second and
-    # third: its own threshold on the window it shares).
-    assert sorted((d["rule_id"], d["rule_version"], d["mode"], d.get("buy") or d["n"]) for d in shadow) == [
+    # third: its own threshold on the window it shares); a payment more than 20 below
+    # the limit or above it (p1: -10, p2: +10; not p3: -30), on the context it shares.
+    assert sorted((d["rule_id"], d["rule_version"], d["mode"], d.get("buy") or d.get("pay") or d["n"])
+                  for d in shadow) == [
         ("shadow_buy", "2", "shadow", "b"), ("shadow_buy", "2", "shadow", "c"), ("shadow_buy", "2", "shadow", "e"),
-        ("shadow_clicks", "2", "shadow", 2), ("shadow_clicks", "2", "shadow", 3)]
-    # One window of su1's three clicks in the keyed state: the version in force's; the
-    # shadow's own part holds none.
+        ("shadow_clicks", "2", "shadow", 2), ("shadow_clicks", "2", "shadow", 3),
+        ("shadow_limit", "2", "shadow", "p1"), ("shadow_limit", "2", "shadow", "p2")]
+    # One window of su1's three clicks in the keyed state, one context buffer of cu1's
+    # limit: the versions in force's; the shadows' own parts hold none.
     # (Spark numbers the chained operators from the sink: the first is operator 1.)
-    windows = window_sizes(spark, job.checkpoint, operator=1)['"su1"']
-    assert (windows["shadow_clicks"], windows["shadow_clicks@shadow"]) == (3, 0), windows
+    sizes = state_sizes(spark, job.checkpoint, operator=1)
+    clicks, limits = sizes['"su1"'], sizes['"cu1"']
+    assert (clicks["shadow_clicks"], clicks["shadow_clicks@shadow"]) == ((3, 0), (0, 0)), clicks
+    assert (limits["shadow_limit"], limits["shadow_limit@shadow"]) == ((0, 1), (0, 0)), limits
     by_buy = {d["buy"]: d for d in shadow if "buy" in d}
     assert by_buy["b"]["detection_id"] == _detection_id("shadow_buy", "2", "events.raw", _buy("b", 25))
 

@@ -138,3 +138,28 @@ def test_a_sharing_shadow_takes_the_epoch_of_the_version_in_force(tmp_path):
     w.plan(_rows(_velocity(version="2", window_size=3)))  # a new window: epoch 1
     plan = w.plan(_rows(_velocity(version="2", window_size=3), _velocity(version="5", mode="shadow", window_size=3)))
     assert plan["v@shadow"] == WarmState(1, False) and plan["v"].epoch == 1
+
+
+def _correlation(**extra: object) -> dict:
+    return {"rule_id": "c", "version": "1", "rule_type": "correlation", "source_topic": "events.raw",
+            "context_topic": "context.raw", "correlation_key": "card", "window_size": 1, "window_unit": "hours",
+            "context_resolution": "last", "context_value_field": "x", "timestamp_field": "ts",
+            "condition": {"operator": ">", "value": 1}, **extra}
+
+
+def test_a_correlation_shadow_with_the_same_context_and_lookback_shares_the_context(tmp_path):
+    w = _windows(tmp_path)
+    plan = w.plan(_rows(_correlation(), _correlation(version="2", mode="shadow", metric="direct",
+                                                     context_resolution="mean", condition={"operator": "<", "value": 3})))
+    # Another resolution and condition judge the same context: nothing of its own to fill.
+    assert plan == {"c": WarmState(0, True), "c@shadow": WarmState(0, False)}
+    w.entries["c"].state = "warm"
+    assert w.status()["c@shadow"]["state"] == "shared"
+    assert w.status()["c@shadow"]["reason"] == "shares the state of the version in force"
+    # A narrower lookback keeps less context: its own, filled from the archive.
+    narrower = _correlation(version="3", mode="shadow", max_context_age_seconds=600)
+    assert w.plan(_rows(_correlation(), narrower))["c@shadow"] == WarmState(1, True)
+    # Another context filter: other context enters, under its own signature.
+    w.entries["c@shadow"].state = "warm"
+    other = _correlation(version="4", mode="shadow", context_type_field="kind", context_type_value="limit")
+    assert w.plan(_rows(_correlation(), other))["c@shadow"] == WarmState(0, True)

@@ -54,6 +54,23 @@ final class Correlation {
         return emits;
     }
 
+    /**
+     * The followers' step, after the version in force's (`st`, whose step entered the
+     * batch's context): each judges the same primaries, and its own held ones, against
+     * that context with its own resolution, metric and condition. A follower's sub-state
+     * holds no context of its own.
+     */
+    static void follow(SubState st, List<Follower> followers, List<Ev> primaries, long watermark) {
+        for (Follower f : followers) {
+            f.st.context = st.context;
+            f.emits.addAll(step(f.rule, f.st, primaries, List.of(), watermark));
+            f.st.context = new ArrayList<>();
+            if (watermark > 0) {
+                f.st.pending.removeIf(p -> p.ts < watermark);
+            }
+        }
+    }
+
     /** Context in [t - lookback, t] resolved per the rule; null when none is usable. */
     static Resolved resolve(RuleSpec rule, Collection<Ev> context, long t) {
         long lo = t - rule.lookbackMs;

@@ -240,9 +240,9 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
                 }
                 String prefix = k + SEP + rule.ruleId;
                 List<Judged> shadows = sharing.getOrDefault(j, List.of());
-                List<Velocity.Follower> followers = new ArrayList<>(shadows.size());
+                List<Follower> followers = new ArrayList<>(shadows.size());
                 for (Judged f : shadows) {
-                    followers.add(new Velocity.Follower(f.rule, followerState(k, f.rule, ks)));
+                    followers.add(new Follower(f.rule, followerState(k, f.rule, ks)));
                 }
                 SubState stored;
                 try {
@@ -263,7 +263,7 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
                 }
                 for (int i = 0; i < shadows.size(); i++) {
                     Judged f = shadows.get(i);
-                    Velocity.Follower fo = followers.get(i);
+                    Follower fo = followers.get(i);
                     timedRows(f.rule, f.rows, watermark, f.out);
                     String kind = f.rule.emitToSink ? "detection" : "routed";
                     for (Emit em : fo.emits) {
@@ -327,9 +327,8 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
     private static final String SHADOW = "@shadow";
 
     /**
-     * The velocity shadows of one key's rules that share the window of the version in
-     * force, by that version: the same state signature and window mean the same events
-     * enter both, so one window serves both (the shadow keeps its last-event state only).
+     * The shadows of one key's rules judged on the state of the version in force, by
+     * that version (Follower; spark_jobs/streaming/warmup.py `_shares` says the same).
      */
     private static Map<Judged, List<Judged>> sharing(List<Judged> judged) {
         Map<Judged, List<Judged>> out = new java.util.IdentityHashMap<>();
@@ -342,16 +341,28 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
         }
         for (Judged j : judged) {
             RuleSpec r = j.rule;
-            if (!r.velocity || !r.ruleId.endsWith(SHADOW)) {
+            if (!r.ruleId.endsWith(SHADOW)) {
                 continue;
             }
             Judged base = byId.get(r.ruleId.substring(0, r.ruleId.length() - SHADOW.length()));
-            if (base != null && base.rule.velocity && base.rule.signature.equals(r.signature)
-                    && base.rule.windowMs == r.windowMs) {
+            if (base != null && shares(r, base.rule)) {
                 out.computeIfAbsent(base, x -> new ArrayList<>()).add(j);
             }
         }
         return out;
+    }
+
+    /**
+     * Whether `shadow` is judged on the state of `inForce`: the same events enter both
+     * (the same state signature and, for a correlation rule, primaries routed from the
+     * same velocity rule, if any) and both keep them as long (the same window, or lookback).
+     */
+    static boolean shares(RuleSpec shadow, RuleSpec inForce) {
+        if (shadow.velocity != inForce.velocity || !shadow.signature.equals(inForce.signature)) {
+            return false;
+        }
+        return shadow.velocity ? shadow.windowMs == inForce.windowMs
+                : shadow.lookbackMs == inForce.lookbackMs && java.util.Objects.equals(shadow.routedFrom, inForce.routedFrom);
     }
 
     private static boolean isFollower(Judged j, Map<Judged, List<Judged>> sharing) {
@@ -373,8 +384,9 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
     }
 
     /**
-     * A sharing shadow's own sub-state: its last-event state and no window (a window of
-     * its own from before it shared is dropped, its sealed chunks' entries too).
+     * A sharing shadow's own sub-state: its last-event state, or its held primaries, and
+     * no window or context (those of its own from before it shared are dropped, its
+     * sealed chunks' entries too).
      */
     private SubState followerState(String key, RuleSpec rule, KeyState ks) {
         byte[] v = ks.parts.get(rule.ruleId);
@@ -385,6 +397,7 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
         SubState old = SubState.decode(v);
         if (old.signature == null || rule.sameState(old.signature)) {
             own.prevAbove = old.prevAbove;
+            own.pending = old.pending;
         }
         for (SubState.Chunk c : old.sealed) {
             subs.removeKey(chunkKey(key + SEP + rule.ruleId, c.id));
@@ -462,7 +475,7 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
      * appended to `out`; returns the new sub-state (null: untouched).
      */
     private static SubState evaluate(RuleSpec rule, List<Ev> rows, long watermark, List<Row> out, SubState v,
-                                     SubState.ChunkStore store, List<Velocity.Follower> followers) {
+                                     SubState.ChunkStore store, List<Follower> followers) {
         List<Ev> fresh = timedRows(rule, rows, watermark, out);
         if (fresh == null) {
             return null;
@@ -480,7 +493,7 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
         if (rule.velocity) {
             velocity(rule, fresh, st, watermark, out, followers);
         } else {
-            correlation(rule, fresh, st, watermark, out);
+            correlation(rule, fresh, st, watermark, out, followers);
         }
         st.signature = rule.signature;
         return st;
@@ -545,20 +558,20 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
     }
 
     private static void velocity(RuleSpec rule, List<Ev> rows, SubState st, long watermark, List<Row> out,
-                                 List<Velocity.Follower> followers) {
+                                 List<Follower> followers) {
         List<Emit> emits = Velocity.step(rule, st, rows, followers);
         if (rule.warming) {
             // Filling the windows (warm-up rows from the archive, live rows since the
             // rule came in), in whatever order they come: no emit, and the last-event
             // state is the one the key's newest event leaves, as if judged in order.
             emits.clear();
-            for (Velocity.Follower f : followers) {
+            for (Follower f : followers) {
                 f.emits.clear();
             }
             Velocity.settle(rule, st, followers);
         } else {
             emits.removeIf(e -> e.row.warm);
-            for (Velocity.Follower f : followers) {
+            for (Follower f : followers) {
                 f.emits.removeIf(e -> e.row.warm);
             }
         }
@@ -580,7 +593,8 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
         }
     }
 
-    private static void correlation(RuleSpec rule, List<Ev> rows, SubState st, long watermark, List<Row> out) {
+    private static void correlation(RuleSpec rule, List<Ev> rows, SubState st, long watermark, List<Row> out,
+                                    List<Follower> followers) {
         List<Ev> primaries = new ArrayList<>();
         List<Ev> contexts = new ArrayList<>();
         for (Ev r : rows) {
@@ -592,6 +606,7 @@ public final class DetectionProcessor extends StatefulProcessor<Row, Row, Row> {
             }
         }
         List<Emit> emits = Correlation.step(rule, st, primaries, contexts, watermark);
+        Correlation.follow(st, followers, primaries, watermark);
         if (!rows.isEmpty()) {
             long first = (primaries.isEmpty() ? contexts : primaries).get(0).ts;
             long newest = Long.MIN_VALUE;

@@ -37,6 +37,8 @@ final class RuleSpec {
     final boolean warming;
     // correlation
     final long lookbackMs;
+    /** The velocity rule whose emits are the primaries (velocity_filter_rule_id), or null. */
+    final String routedFrom;
     final boolean lastResolution;
     final boolean meanStd;
     final int minContextPoints;
@@ -64,6 +66,7 @@ final class RuleSpec {
         emitToSink = n.path("emit_to_sink").asBoolean(true);
         warming = n.path("warming").asBoolean(false);
         lookbackMs = n.path("lookback_ms").asLong();
+        routedFrom = text(n, "velocity_filter_rule_id");
         lastResolution = "last".equals(text(n, "context_resolution"));
         meanStd = "mean_std".equals(text(n, "context_resolution"));
         minContextPoints = n.path("min_context_points").asInt(1);

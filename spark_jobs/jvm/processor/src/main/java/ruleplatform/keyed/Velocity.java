@@ -35,23 +35,6 @@ final class Velocity {
         String jv(int i);
     }
 
-    /**
-     * A shadow version that shares its window with the version in force (same state
-     * signature and window: the same events enter both, so their windows are equal):
-     * it keeps its own last-event state and is judged on the aggregates of that window,
-     * with its own threshold and emit mode ({@link #step}).
-     */
-    static final class Follower {
-        final RuleSpec rule;
-        final SubState st;
-        final List<Emit> emits = new ArrayList<>();
-
-        Follower(RuleSpec rule, SubState st) {
-            this.rule = rule;
-            this.st = st;
-        }
-    }
-
     static List<Emit> step(RuleSpec rule, SubState st, List<Ev> rows) {
         return step(rule, st, rows, List.of());
     }
