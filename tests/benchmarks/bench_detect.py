@@ -21,7 +21,9 @@ sink, to the status naming every version 2 rule, and whether the query ran on (i
 id unchanged: no restart).
 
 `--shadows N` also publishes a shadow (issue 39: `mode: shadow`, version 2, the same
-conditions) of N of the rules, half threshold and half velocity: the job then judges
+conditions) of N of the rules, of every kind (for 10: 5 threshold, 3 velocity, the 2
+correlation rules; the velocity and correlation shadows share the state of the
+versions in force): the job then judges
 every event with both versions of those rules and writes the shadows' detections to
 `events.shadow`. `--compare-shadows N` runs the benchmark twice back to back, without
 shadows and with N, and prints (and records) the ratios of rate and latency.
@@ -229,8 +231,12 @@ def main() -> None:
         rules = [parse_rule(r) for r in [*yaml.safe_load((rules_dir / "bench.yaml").read_text()),
                                          *rare_rules(args.rare_rules)]]
         publish_rules(rules, broker.bootstrap)
+        shadow_kinds = None
         if args.shadows:
-            publish_rules(shadows_of(rules, args.shadows), broker.bootstrap)
+            shadows = shadows_of(rules, args.shadows)
+            publish_rules(shadows, broker.bootstrap)
+            shadow_kinds = ", ".join(f"{sum(r.rule_type == k for r in shadows)} {k}"
+                                     for k in ("threshold", "velocity", "correlation"))
         job = DetectJob(broker.bootstrap, work / "job", trigger_ms=args.trigger_ms,
                         extra_args=("--threshold-lane", args.threshold_lane))
         job.start(timeout=300)
@@ -285,13 +291,16 @@ def main() -> None:
         figures.update({f"rule_change_{k}": v for k, v in change.items()})
     append_result("detect", figures, rate=args.rate, seconds=args.seconds, users=args.users,
                   trigger_ms=args.trigger_ms, warmup_s=args.warmup, rules=len(rules), threshold_lane=args.threshold_lane,
-                  window_scale=args.window_scale if args.window_scale != 1.0 else None, shadows=args.shadows or None)
+                  window_scale=args.window_scale if args.window_scale != 1.0 else None, shadows=args.shadows or None,
+                  shadow_kinds=shadow_kinds)
 
 
 def shadows_of(rules: list, n: int) -> list:
-    """Shadows (version 2, the same conditions) of n rules: half threshold, half velocity."""
-    picked = ([r for r in rules if r.rule_type == "threshold"][: n - n // 2]
-              + [r for r in rules if r.rule_type == "velocity"][: n // 2])
+    """Shadows (version 2, the same conditions) of n rules of every kind: a fifth
+    correlation (as many as there are), the rest of a half velocity, the others threshold."""
+    corr = [r for r in rules if r.rule_type == "correlation"][: n // 5]
+    vel = [r for r in rules if r.rule_type == "velocity"][: n // 2 - len(corr)]
+    picked = [r for r in rules if r.rule_type == "threshold"][: n - len(corr) - len(vel)] + vel + corr
     return [r.model_copy(update={"version": "2", "mode": "shadow"}) for r in picked]
 
 
@@ -321,7 +330,8 @@ def compare_shadows(n: int) -> None:
               if isinstance(base.get(k), int | float) and base[k] and isinstance(with_shadows.get(k), int | float)}
     ratios["batch_ms_ratio"] = _batch_ratio(base, with_shadows)
     print(f"with {n} shadows / without: " + ", ".join(f"{k} {v}" for k, v in ratios.items()))
-    append_result("detect_shadows", ratios, shadows=n, rate=base.get("rate"), seconds=base.get("seconds"),
+    append_result("detect_shadows", ratios, shadows=n, shadow_kinds=with_shadows.get("shadow_kinds"),
+                  rate=base.get("rate"), seconds=base.get("seconds"),
                   warmup_s=base.get("warmup_s"), threshold_lane=base.get("threshold_lane"))
 
 

@@ -99,10 +99,11 @@ BENCHES = {
         "bench_detect.py",
         "What shadow versions cost the live job: `bench_detect.py --compare-shadows N` runs the live benchmark "
         "twice, one run after the other, without shadows and then with a shadow (mode shadow, version 2, the "
-        "same conditions) of N of its rules, half threshold and half velocity; each figure is the run with "
-        "shadows over the run without (rate: higher is better; latency and batch time: lower is better).",
+        "same conditions) of N of its rules (`shadow kinds`: how many of each kind; rows without it had half "
+        "threshold and half velocity), velocity and correlation shadows sharing the state of the versions in "
+        "force; each figure is the run with shadows over the run without (rate: higher is better; latency and batch time: lower is better).",
         f"{PY}bench_detect.py --rate 5000 --seconds 30 --warmup 20 --compare-shadows 10",
-        [("shadows", "shadows"), ("rate", "target events/s"), ("seconds", "s"), ("threshold_lane", "threshold lane")],
+        [("shadows", "shadows"), ("shadow_kinds", "shadow kinds"), ("rate", "target events/s"), ("seconds", "s"), ("threshold_lane", "threshold lane")],
         [("events_per_s_ratio", "sustained rate ratio"), ("latency_p50_s_ratio", "p50 ratio"),
          ("latency_p99_s_ratio", "p99 ratio"), ("threshold_p99_s_ratio", "threshold p99 ratio"),
          ("velocity_p99_s_ratio", "velocity p99 ratio"), ("batch_ms_ratio", "keyed batch time ratio")]),
