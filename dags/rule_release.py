@@ -133,6 +133,8 @@ with DAG(
         log.info("Valid. Changed rules vs rules.active: %s", validation["changed_rule_ids"] or "none")
         validation["live_rules"] = live
         validation["to_publish"] = release.rules_to_publish(validation)
+        # Read by the api-server's four-eyes check: a shadow's approver does not promote it.
+        validation["promotes"] = release.shadow_promotions(validation, live, release.audit_records(candidate))
         return validation
 
     # One task, not a `has_changes` short-circuit before it: every task is a process to

@@ -3,8 +3,9 @@
 Every answer to a human-in-the-loop step, from the UI's Required Actions page or the
 REST API, is a `PATCH .../taskInstances/<task>/hitlDetails`. For the release DAG's
 approval step this middleware checks, before Airflow records the answer, that the
-responding user holds an approver role and did not author or commit any commit of the
-release (spark_jobs.lifecycle.governance); otherwise it refuses with the reason.
+responding user holds an approver role, did not author or commit any commit of the
+release and, when the release puts a shadow in force, did not approve that shadow
+(spark_jobs.lifecycle.governance); otherwise it refuses with the reason.
 
 How the refusal reads: an API client (bearer token) gets 403 `{"detail": reason}`. The
 UI (a browser session: the `_token` cookie, no Authorization header) would show no
@@ -21,8 +22,9 @@ must be readable there.
 Why here and not in the task: the user's e-mail and roles live in the auth manager's
 tables, which the api-server reads and task processes must not; and Airflow's own
 `assigned_users` needs user ids that only the api-server knows. The release's authors
-come from the run's `detect_commit` XCom, written by the release itself (only
-operators may write XComs through the API).
+come from the run's `detect_commit` XCom and the shadows it promotes from its
+`validate_rules` XCom, both written by the release itself (only operators may write
+XComs through the API).
 """
 
 from __future__ import annotations
@@ -42,13 +44,14 @@ UI_REFUSAL_STATUS = 432
 RELEASE_DAG = "rule_release"
 APPROVAL_TASK = "approve"
 CANDIDATE_TASK = "detect_commit"
+VALIDATION_TASK = "validate_rules"
 _HITL_PATH = re.compile(
     r"/api/v2/dags/(?P<dag>[^/]+)/dagRuns/(?P<run>[^/]+)/taskInstances/(?P<task>[^/]+)(?:/-?\d+)?/hitlDetails/?$"
 )
 
 
-def _release_authors(dag_id: str, run_id: str) -> list[dict] | None:
-    """The `authors` of the run's release candidate (None when there is none yet)."""
+def _xcom(dag_id: str, run_id: str, task_id: str, key: str) -> Any:
+    """One XCom of the run, read from the metadata DB (None when absent)."""
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
     from sqlalchemy import select
@@ -56,18 +59,25 @@ def _release_authors(dag_id: str, run_id: str) -> list[dict] | None:
     with create_session() as session:
         row = session.scalars(
             select(XComModel)
-            .where(
-                XComModel.dag_id == dag_id,
-                XComModel.run_id == run_id,
-                XComModel.task_id == CANDIDATE_TASK,
-                XComModel.key == "return_value",
-            )
+            .where(XComModel.dag_id == dag_id, XComModel.run_id == run_id, XComModel.task_id == task_id,
+                   XComModel.key == key)
             .limit(1)
         ).first()
-        value = XComModel.deserialize_value(row) if row is not None else None
+        return XComModel.deserialize_value(row) if row is not None else None
+
+
+def _release_authors(dag_id: str, run_id: str) -> list[dict] | None:
+    """The `authors` of the run's release candidate (None when there is none yet)."""
+    value = _xcom(dag_id, run_id, CANDIDATE_TASK, "return_value")
     if not isinstance(value, dict) or not isinstance(value.get("authors"), list):
         return None
     return value["authors"]
+
+
+def _promotions(dag_id: str, run_id: str) -> list[dict]:
+    """The shadows the run's release would put in force (its validation's `promotes`)."""
+    value = _xcom(dag_id, run_id, VALIDATION_TASK, "promotes")
+    return [p for p in value if isinstance(p, dict)] if isinstance(value, list) else []
 
 
 def _identity(user_id: str) -> tuple[str, str | None, list[str]]:
@@ -93,6 +103,8 @@ def _decide(user: Any, dag_id: str, run_id: str) -> str | None:
         roles=roles,
         approver_roles=APPROVER_ROLES,
         authors=_release_authors(dag_id, run_id),
+        promotions=_promotions(dag_id, run_id),
+        user_id=user.get_id(),
     )
 
 

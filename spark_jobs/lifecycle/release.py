@@ -545,6 +545,7 @@ def build_release_report(
     url = report_url(dag_id, run_id, base_url)
     checksums = report_checksums(plan["report_dir"])
     report["authors"] = list(candidate.get("authors") or [])
+    report["promotes"] = list(validation.get("promotes") or [])
     report["watermark"] = watermark_change(live_rules, rules, changed)
     return {
         **paths,
@@ -711,6 +712,14 @@ def approval_body(report: dict, url: str, topic: str, checksums: Mapping[str, st
             f"not eligible: {', '.join(md_code(a) for a in authors)}.",
             "",
         ]
+    for p in report.get("promotes") or []:
+        by = (p.get("shadow_approved_by") or {}).get("name")
+        lines += [
+            f"**Promotion:** puts in force {md_code(p['rule_id'])} v{md_code(p['version'])}, the version its "
+            f"shadow runs" + (f", released as a shadow by {md_code(by)}, who may not decide this one: "
+                              "a second approver must." if by else "."),
+            "",
+        ]
     lines += [
         "**Release as** (a field of this form): *active* puts the candidate in force in place of the live "
         "version; *shadow* runs it beside the live version on the same events, its detections going to "
@@ -743,6 +752,31 @@ def approval_body(report: dict, url: str, topic: str, checksums: Mapping[str, st
 
 
 # --------------------------------------------------------------------------- publish + audit
+
+
+def audit_records(candidate: Mapping) -> list[dict]:
+    """The release audit's records, from the candidate's settings."""
+    return audit.read_records(settings_of(candidate).audit_dir)
+
+
+def shadow_promotions(validation: Mapping, live_rules: Mapping[str, dict], records: Iterable[Mapping]) -> list[dict]:
+    """The shadows this release would put in force: each changed rule whose candidate
+    version is the version its shadow runs on `rules.active`, with who approved that
+    shadow's release (the audit's newest `published` record of it; None for a shadow
+    no approval released). That approver may not decide the promotion: a second one
+    must (spark_jobs.lifecycle.governance.refusal)."""
+    published = [r for r in records if r.get("event") == "published"]
+    out = []
+    for rid in validation["changed_rule_ids"]:
+        version = validation["rules"][rid].get("version")
+        shadow = live_rules.get(shadow_id(base_id(rid)))
+        if rid != base_id(rid) or not shadow or shadow.get("version") != version:
+            continue
+        by = next((rec.get("approved_by") for rec in reversed(published)
+                   if any(e.get("rule_id") == rid and e.get("mode") == "shadow" and e.get("version") == version
+                          for e in rec.get("rules") or [])), None)
+        out.append({"rule_id": rid, "version": version, "shadow_approved_by": by})
+    return out
 
 
 def rules_to_publish(validation: Mapping) -> list[dict]:

@@ -58,10 +58,12 @@ def assigned_to_role(role: str, label: str | None = None) -> dict[str, str]:
     return {"id": f"{ROLE_PREFIX}{role}", "name": label or f"{role}s"}
 RELEASE_DAG = "rule_release"
 
-# One demo user per role: username -> (role, e-mail, display name).
+# One demo user per role, and a second approver (a shadow's promotion takes an approver
+# other than the shadow's): username -> (role, e-mail, display name).
 DEMO_USERS: dict[str, tuple[str, str, str]] = {
     "author": (AUTHOR, "author@rules.example", "Rule Author"),
     "approver": (APPROVER, "approver@rules.example", "Rule Approver"),
+    "reviewer": (APPROVER, "reviewer@rules.example", "Rule Reviewer"),
     "viewer": (VIEWER, "viewer@rules.example", "Rule Viewer"),
     "operator": (OPERATOR, "operator@rules.example", "Platform Operator"),
 }

@@ -14,11 +14,12 @@ job (Spark), the event archive, the demo, and Airflow on PostgreSQL with its UI,
    a restart, no DAG has a Failed run (the API, and the runs lists as Chromium shows
    them).
 
-Issue 39's evidence chain comes first: a rule change written by its author and approved
-by an approver is published, the live job detects with it, and `rulectl explain` on
-one of those detections prints every link, each checked here against its own source
-(git, the report file, the audit, the Kafka records); the replay gives the same id, and
-the UI page in Chromium shows the same chain.
+Issue 39's shadow release and evidence chain come first: a rule change written by its
+author is approved as a shadow by an approver, compared with the version in force on
+live events, then promoted by a second approver; `rulectl explain` on a detection of the
+promoted version prints every link, each checked here against its own source (git, the
+report file, the audit, the Kafka records); the replay gives the same id, and the UI
+page in Chromium shows the same chain.
 """
 
 from __future__ import annotations
@@ -271,98 +272,6 @@ def _pending_approval(platform: Platform, timeout: float = 900) -> dict:
     raise AssertionError("the release never asked for approval")
 
 
-def test_explain_prints_every_link_of_a_released_detection(platform: Platform) -> None:
-    platform.wait_for_api()
-    platform.wait_for_job()
-    # The author raises purchase_threshold's bar from 20 to 25 as version 2.
-    path = platform.repo / "rules" / "purchase_threshold.yaml"
-    path.write_text(path.read_text().replace('version: "1"', 'version: "2"').replace("value: 20}", "value: 25}"))
-    _git(platform.repo, "commit", "-qam", "purchase_threshold: 25 or more")
-    commit = _git(platform.repo, "rev-parse", "HEAD")
-    ti = _pending_approval(platform)["task_instance"]
-    hitl = f"/dags/rule_release/dagRuns/{ti['dag_run_id']}/taskInstances/{ti['task_id']}/-1/hitlDetails"
-    status, body = platform.api("PATCH", hitl, {"chosen_options": ["Approve"], "params_input": {"comment": "25 it is"}},
-                                user="approver")
-    assert status == 200, body
-
-    # A detection of version 2 on the sink (the demo buys above 25 every few seconds).
-    deadline, v2 = time.monotonic() + 300, []
-    while time.monotonic() < deadline and len(v2) < 2:
-        v2 = [(r, json.loads(r.value)) for r in _read(platform, "events.processed")
-              if b'"rule_id":"purchase_threshold","rule_version":"2"' in (r.value or b"")]
-        time.sleep(3)
-    assert len(v2) >= 2, "no detections of purchase_threshold v2"
-    first_rec, first = min(v2, key=lambda x: (x[0].timestamp_ms, x[0].partition, x[0].offset))
-    rec, det = next(x for x in v2 if x[1]["detection_id"] != first["detection_id"])
-    env = {**os.environ, "RULES_PLATFORM_STATE": str(platform.workdir / "platform.json")}
-    deadline = time.monotonic() + 240
-    while True:  # the archive writes its batches every few seconds: the event may lag
-        proc = subprocess.run([sys.executable, "-m", "spark_jobs.cli", "explain", det["detection_id"], "--replay",
-                               "--format", "json"], capture_output=True, text=True, env=env, cwd=platform.workdir.parent)
-        chain = json.loads(proc.stdout) if proc.stdout.startswith("{") else {"links": []}
-        event = next((x for x in chain["links"] if x["name"] == "event"), {})
-        if event.get("ok") is True or time.monotonic() > deadline:
-            break
-        time.sleep(10)
-    assert proc.returncode == 0 and chain["ok"], (proc.returncode, proc.stdout[-6000:], proc.stderr[-3000:])
-    links = {x["name"]: x for x in chain["links"]}
-    assert list(links) == ["detection", "event", "rule version", "commit", "backtest report", "approval", "publish",
-                           "first detection of the version", "replay"]
-
-    # The detection: where this test found it on the sink.
-    d = links["detection"]["facts"]
-    assert (d["partition"], d["offset"], d["rule_id"], d["rule_version"]) == (rec.partition, rec.offset,
-                                                                              "purchase_threshold", "2")
-    # The event: read back from its topic at the link's partition and offset; the
-    # detection is that text with the rule's members after it (the detection record's spec).
-    e = links["event"]["facts"]
-    raw = next(r.value for r in _read(platform, "events.raw") if (r.partition, r.offset) == (e["partition"], e["offset"]))
-    assert rec.value.startswith(raw.rstrip()[:-1]) and e["event"].encode() == raw
-    assert json.loads(raw)["type"] == "purchase" and json.loads(raw)["value"] >= 25
-    # The rule version and the publish: the record on rules.active at that offset is v2
-    # with the bar at 25, and it is the only v2 record there.
-    rules = [(r.offset, r) for r in _read(platform, "rules.active") if r.key == b"purchase_threshold"
-             and json.loads(r.value)["version"] == "2"]
-    assert len(rules) == 1
-    offset, rule_rec = rules[0]
-    assert links["rule version"]["facts"]["offset"] == links["publish"]["facts"]["offset"] == offset
-    assert {"field": "value", "operator": ">=", "value": 25} in json.loads(rule_rec.value)["conditions"]
-    assert links["publish"]["facts"]["published_by"] == "approver"
-    # The commit: git's head, written by the author.
-    c = links["commit"]["facts"]
-    assert c["commit"] == commit and c["author"] == "Rule Author <author@rules.example>"
-    assert c["subject"] == "purchase_threshold: 25 or more" and c["file"] == "rules/purchase_threshold.yaml"
-    # The report: the file's SHA-256, computed here, is what the audit kept.
-    published = [r for r in platform.audit() if r.get("event") == "published" and r.get("commit") == commit]
-    assert len(published) == 1
-    report = links["backtest report"]["facts"]
-    assert report["report"] == published[0]["report"]
-    assert hashlib.sha256(Path(report["report"]).read_bytes()).hexdigest() == published[0]["report_sha256"]["report.html"]
-    assert report["sha256"] == published[0]["report_sha256"]["report.html"]
-    # The approval: who the API answered as, with the comment given.
-    a = links["approval"]["facts"]
-    assert (a["approver"], a["comment"], a["run_id"]) == ("approver", "25 it is", ti["dag_run_id"])
-    assert a["authors"] == ["author@rules.example"]
-    # The first detection of v2, as this test's own scan of the sink found it.
-    f = links["first detection of the version"]["facts"]
-    assert (f["detection_id"], f["partition"], f["offset"]) == (first["detection_id"], first_rec.partition, first_rec.offset)
-    assert links["replay"]["facts"]["same_id"] is True
-
-    if not chromium_available():
-        pytest.skip("no Chromium for the evidence page")
-    with Chromium() as browser:
-        browser.login(platform.base_url, "viewer", platform.password("viewer"))
-        browser.goto(f"{platform.base_url}/rule-reports/detections/")
-        browser.wait_for(f"document.body.innerText.includes('{det['detection_id']}')", timeout=60)
-        browser.goto(f"{platform.base_url}/rule-reports/detections/{det['detection_id']}")
-        browser.wait_for("document.getElementById('verdict') !== null", timeout=120)
-        shown = browser.evaluate(
-            "[...document.querySelectorAll('section.link')].map(s => [s.dataset.link, s.dataset.ok])")
-        assert shown == [[name, "True"] for name in list(links)[:-1]], shown
-        page = browser.text()
-        assert commit in page and "approver" in page and report["sha256"] in page
-
-
 def _probe(platform: Platform, tag: str, amount: int) -> None:
     from confluent_kafka import Producer
 
@@ -373,11 +282,10 @@ def _probe(platform: Platform, tag: str, amount: int) -> None:
     assert producer.flush(30) == 0
 
 
-def _approve(platform: Platform, detail: dict, params: dict) -> None:
+def _approve(platform: Platform, detail: dict, params: dict, user: str = "approver") -> tuple[int, dict]:
     ti = detail["task_instance"]
     hitl = f"/dags/rule_release/dagRuns/{ti['dag_run_id']}/taskInstances/{ti['task_id']}/-1/hitlDetails"
-    status, body = platform.api("PATCH", hitl, {"chosen_options": ["Approve"], "params_input": params}, user="approver")
-    assert status == 200, body
+    return platform.api("PATCH", hitl, {"chosen_options": ["Approve"], "params_input": params}, user=user)
 
 
 def _wait_status(platform: Platform, pred, timeout: float = 300) -> dict:
@@ -390,17 +298,20 @@ def _wait_status(platform: Platform, pred, timeout: float = 300) -> dict:
     raise AssertionError(f"the job's rules never got there: {platform.job_status().get('rule_versions')}")
 
 
-def test_a_shadow_release_is_approved_compared_in_the_ui_and_promoted(platform: Platform) -> None:
+def test_a_shadow_release_is_approved_compared_promoted_and_explained(platform: Platform) -> None:
     """Issue 39: commit, backtest, approval as a shadow by an approver who is not the
     author, live events, the diff page in Chromium against counts worked out by hand,
-    then the promotion (a second approval); the sink never gets a shadow detection."""
+    then the promotion (a second approval, by a second approver: the shadow's approver
+    is refused); the sink never gets a shadow detection; the
+    evidence chain of a detection of the promoted version (`_explain_checks_every_link`)."""
     platform.wait_for_api()
     platform.wait_for_job()
     path = platform.repo / "rules" / "probe_amount.yaml"
     path.write_text(PROBE.format(version="2", conditions=PROBE_V2))
     _git(platform.repo, "commit", "-qam", "probe_amount: 20 to 70")
     commit = _git(platform.repo, "rev-parse", "HEAD")
-    _approve(platform, _pending_approval(platform), {"comment": "watch it first", "release_as": "shadow"})
+    status, body = _approve(platform, _pending_approval(platform), {"comment": "watch it first", "release_as": "shadow"})
+    assert status == 200, body
     _wait_status(platform, lambda v: v.get("probe_amount@shadow") == "2" and v.get("probe_amount") == "1")
     shadow_rec = [r for r in platform.audit() if r.get("event") == "published" and r.get("commit") == commit]
     assert [(e["rule_id"], e["mode"], e["version"]) for e in shadow_rec[-1]["rules"]] == [("probe_amount", "shadow", "2")]
@@ -430,22 +341,109 @@ def test_a_shadow_release_is_approved_compared_in_the_ui_and_promoted(platform: 
             assert counts == ["1", "2", "1"], counts
             assert '"probe": "d"' in browser.text()  # the example of what only the version in force caught
 
-    # The promotion: the same commit released again, in force this time (a second approval).
+    # The promotion: the same commit released again, in force this time: a second
+    # approval, by a second approver (the shadow's own approver is refused).
     status, body = platform.api("POST", "/dags/rule_release/dagRuns", {"logical_date": None, "conf": {"commit": commit}})
     assert status == 200, body
-    _approve(platform, _pending_approval(platform), {"comment": "promote", "release_as": "active"})
+    promotion = _pending_approval(platform)
+    status, body = _approve(platform, promotion, {"comment": "promote", "release_as": "active"})
+    assert status == 403 and "approver approved probe_amount v2 as a shadow" in json.dumps(body), (status, body)
+    status, body = _approve(platform, promotion, {"comment": "promote", "release_as": "active"}, user="reviewer")
+    assert status == 200, body
     _wait_status(platform, lambda v: v.get("probe_amount") == "2" and "probe_amount@shadow" not in v)
     _probe(platform, "f", 25)
+    _probe(platform, "g", 30)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        f = [json.loads(r.value) for r in _read(platform, "events.processed") if b'"probe": "f"' in (r.value or b"")]
-        if f:
+        v2 = [(r, json.loads(r.value)) for r in _read(platform, "events.processed")
+              if b'"probe": "f"' in (r.value or b"") or b'"probe": "g"' in (r.value or b"")]
+        if len(v2) >= 2:
             break
         time.sleep(3)
-    assert [(d["rule_version"], d.get("mode")) for d in f] == [("2", None)]
-    # Never a shadow detection on the sink, nor a detection of the promoted event on the shadow topic.
+    assert sorted((d["probe"], d["rule_version"], d.get("mode")) for _, d in v2) == [("f", "2", None), ("g", "2", None)]
+    # Never a shadow detection on the sink, nor a detection of the promoted events on the shadow topic.
     assert not [r for r in _read(platform, "events.processed") if b'"mode":"shadow"' in (r.value or b"")]
-    assert not [r for r in _read(platform, "events.shadow") if b'"probe": "f"' in (r.value or b"")]
+    assert not [r for r in _read(platform, "events.shadow") if b'"probe": "f"' in (r.value or b"")
+                or b'"probe": "g"' in (r.value or b"")]
+    _explain_checks_every_link(platform, commit, promotion, v2)
+
+
+def _explain_checks_every_link(platform: Platform, commit: str, promotion: dict, v2: list) -> None:
+    """Issue 39's evidence chain: `rulectl explain` on a detection of the promoted
+    version prints every link, each checked here against its own source (the sink, the
+    event's topic, rules.active, git, the report file, the audit); the replay gives the
+    same id, and the UI page in Chromium shows the same chain."""
+    first_rec, first = min(v2, key=lambda x: (x[0].timestamp_ms, x[0].partition, x[0].offset))
+    rec, det = next(x for x in v2 if x[1]["detection_id"] != first["detection_id"])
+    env = {**os.environ, "RULES_PLATFORM_STATE": str(platform.workdir / "platform.json")}
+    deadline = time.monotonic() + 240
+    while True:  # the archive writes its batches every few seconds: the event may lag
+        proc = subprocess.run([sys.executable, "-m", "spark_jobs.cli", "explain", det["detection_id"], "--replay",
+                               "--format", "json"], capture_output=True, text=True, env=env, cwd=platform.workdir.parent)
+        chain = json.loads(proc.stdout) if proc.stdout.startswith("{") else {"links": []}
+        event = next((x for x in chain["links"] if x["name"] == "event"), {})
+        if event.get("ok") is True or time.monotonic() > deadline:
+            break
+        time.sleep(10)
+    assert proc.returncode == 0 and chain["ok"], (proc.returncode, proc.stdout[-6000:], proc.stderr[-3000:])
+    links = {x["name"]: x for x in chain["links"]}
+    assert list(links) == ["detection", "event", "rule version", "commit", "backtest report", "approval", "publish",
+                           "first detection of the version", "replay"]
+
+    # The detection: where this test found it on the sink.
+    d = links["detection"]["facts"]
+    assert (d["partition"], d["offset"], d["rule_id"], d["rule_version"]) == (rec.partition, rec.offset,
+                                                                              "probe_amount", "2")
+    # The event: read back from its topic at the link's partition and offset; the
+    # detection is that text with the rule's members after it (the detection record's spec).
+    e = links["event"]["facts"]
+    raw = next(r.value for r in _read(platform, "events.raw") if (r.partition, r.offset) == (e["partition"], e["offset"]))
+    assert rec.value.startswith(raw.rstrip()[:-1]) and e["event"].encode() == raw
+    assert json.loads(raw)["type"] == "probe" and json.loads(raw)["probe"] == det["probe"]
+    # The rule version and the publish: the record keyed probe_amount on rules.active at
+    # that offset is v2 (20 to 70), the only one (the shadow's was keyed probe_amount@shadow).
+    rules = [(r.offset, r) for r in _read(platform, "rules.active") if r.key == b"probe_amount"
+             and json.loads(r.value)["version"] == "2"]
+    assert len(rules) == 1
+    offset, rule_rec = rules[0]
+    assert links["rule version"]["facts"]["offset"] == links["publish"]["facts"]["offset"] == offset
+    assert {"field": "amount", "operator": "<=", "value": 70} in json.loads(rule_rec.value)["conditions"]
+    assert links["publish"]["facts"]["published_by"] == "reviewer"
+    # The commit: git's head, written by the author.
+    c = links["commit"]["facts"]
+    assert c["commit"] == commit and c["author"] == "Rule Author <author@rules.example>"
+    assert c["subject"] == "probe_amount: 20 to 70" and c["file"] == "rules/probe_amount.yaml"
+    # The report: the promotion's (the commit was published twice, as a shadow, then in
+    # force); the file's SHA-256, computed here, is what the audit kept.
+    published = [r for r in platform.audit() if r.get("event") == "published" and r.get("commit") == commit
+                 and [e.get("mode") for e in r["rules"]] != ["shadow"]]
+    assert len(published) == 1
+    report = links["backtest report"]["facts"]
+    assert report["report"] == published[0]["report"]
+    assert hashlib.sha256(Path(report["report"]).read_bytes()).hexdigest() == published[0]["report_sha256"]["report.html"]
+    assert report["sha256"] == published[0]["report_sha256"]["report.html"]
+    # The approval: who the API answered as, with the comment given, in the promotion's run.
+    a = links["approval"]["facts"]
+    assert (a["approver"], a["comment"], a["run_id"]) == ("reviewer", "promote", promotion["task_instance"]["dag_run_id"])
+    assert a["authors"] == ["author@rules.example"]
+    # The first detection of v2 on the sink, as this test's own scan of the sink found it.
+    f = links["first detection of the version"]["facts"]
+    assert (f["detection_id"], f["partition"], f["offset"]) == (first["detection_id"], first_rec.partition, first_rec.offset)
+    assert links["replay"]["facts"]["same_id"] is True
+
+    if not chromium_available():
+        pytest.skip("no Chromium for the evidence page")
+    with Chromium() as browser:
+        browser.login(platform.base_url, "viewer", platform.password("viewer"))
+        browser.goto(f"{platform.base_url}/rule-reports/detections/")
+        browser.wait_for(f"document.body.innerText.includes('{det['detection_id']}')", timeout=60)
+        browser.goto(f"{platform.base_url}/rule-reports/detections/{det['detection_id']}")
+        browser.wait_for("document.getElementById('verdict') !== null", timeout=120)
+        shown = browser.evaluate(
+            "[...document.querySelectorAll('section.link')].map(s => [s.dataset.link, s.dataset.ok])")
+        assert shown == [[name, "True"] for name in list(links)[:-1]], shown
+        page = browser.text()
+        assert commit in page and "reviewer" in page and report["sha256"] in page
 
 
 def _finished(runs: list[dict]) -> list[dict]:

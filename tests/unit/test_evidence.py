@@ -2,7 +2,7 @@
 
 Unit level: Kafka records, audit records and files are made here. The acceptance test on
 the real platform (broker, Spark, Airflow on PostgreSQL, the archive, git) is
-tests/integration/test_platform_up.py::test_explain_prints_every_link_of_a_released_detection.
+tests/integration/test_platform_up.py::test_a_shadow_release_is_approved_compared_promoted_and_explained.
 """
 
 from __future__ import annotations

@@ -75,8 +75,9 @@ def test_docker_secrets_are_generated_owner_only_and_never_rotated(tmp_path: Pat
     for p in made:
         assert p.stat().st_mode & 0o777 == 0o600
     users = json.loads((tmp_path / "secrets" / "airflow_users.json").read_text())
+    # Two approvers: a shadow's promotion takes one other than the shadow's.
     assert sorted(u["roles"][0] for u in users) == [
-        "Platform operator", "Release service", "Rule approver", "Rule author", "Rule viewer"]
+        "Platform operator", "Release service", "Rule approver", "Rule approver", "Rule author", "Rule viewer"]
     before = (tmp_path / "secrets" / "airflow_jwt_secret").read_text()
     assert make_docker_secrets(tmp_path / "secrets") == []
     assert (tmp_path / "secrets" / "airflow_jwt_secret").read_text() == before
@@ -86,3 +87,37 @@ def test_docker_secrets_are_generated_owner_only_and_never_rotated(tmp_path: Pat
         assert f"./secrets/{name}" in compose
     for weak in ("admin:admin", "change-me", "POSTGRES_PASSWORD:-", "AIRFLOW_ADMIN_PASSWORD"):
         assert weak not in compose
+
+
+def test_the_approver_of_a_shadow_may_not_decide_its_promotion() -> None:
+    from spark_jobs.lifecycle.release import shadow_promotions
+
+    authors = [{"commit": "c" * 40, "email": "carol@example.com"}]
+    live = {"fraud": {"rule_id": "fraud", "version": "2"}, "fraud@shadow": {"rule_id": "fraud", "version": "3"},
+            "spam": {"rule_id": "spam", "version": "1"}, "spam@shadow": {"rule_id": "spam", "version": "4"}}
+    validation = {"changed_rule_ids": ["fraud", "spam"],
+                  "rules": {"fraud": {"version": "3"}, "spam": {"version": "5"}}}
+    records = [
+        {"event": "published", "rules": [{"rule_id": "fraud", "mode": "shadow", "version": "3"}],
+         "approved_by": {"id": "7", "name": "dave"}},
+        {"event": "rejected", "rules": [{"rule_id": "fraud", "mode": "shadow", "version": "3"}],
+         "approved_by": None, "decided_by": {"id": "8", "name": "erin"}},
+    ]
+    # fraud v3 is what its shadow runs: a promotion, released as a shadow by dave; spam
+    # v5 is not its shadow's v4.
+    promotes = shadow_promotions(validation, live, records)
+    assert promotes == [{"rule_id": "fraud", "version": "3", "shadow_approved_by": {"id": "7", "name": "dave"}}]
+
+    def why(name: str) -> str | None:
+        return refusal(username=name, email=f"{name}@example.com", roles=["Rule approver"], approver_roles=APPROVERS,
+                       authors=authors, promotions=promotes)
+
+    dave = why("dave")
+    assert dave == "Four eyes: dave approved fraud v3 as a shadow; its promotion takes a second approver."
+    assert why("erin") is None  # who rejected a release of it is no shadow's approver
+    # The same Airflow user (by id) under another name is still the shadow's approver.
+    assert refusal(username="david", email="david@example.com", roles=["Rule approver"], approver_roles=APPROVERS,
+                   authors=authors, promotions=promotes, user_id="7")
+    assert why("alice") is None
+    # A release of a version its shadow does not run promotes nothing.
+    assert shadow_promotions({"changed_rule_ids": ["spam"], "rules": {"spam": {"version": "5"}}}, live, records) == []

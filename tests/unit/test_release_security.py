@@ -50,6 +50,16 @@ def _render(markdown: str) -> str:
     return MarkdownIt("gfm-like").render(markdown)
 
 
+def test_approval_page_says_a_promotion_and_who_may_not_decide_it() -> None:
+    report = {**_report(), "promotes": [{"rule_id": "rapid_clicks", "version": "2",
+                                         "shadow_approved_by": {"id": "7", "name": "dave <b>x</b>"}}]}
+    html = _render(release.approval_body(report, "/rule-reports/dags/rule_release/runs/r1/", "rules.active"))
+    text = re.sub(r"<[^>]+>", "", html)
+    assert ("Promotion: puts in force rapid_clicks v2, the version its shadow runs, released as a shadow by "
+            "dave &lt;b&gt;x&lt;/b&gt;, who may not decide this one: a second approver must.") in text
+    assert "<b>" not in html
+
+
 def test_approval_page_renders_git_text_as_text() -> None:
     body = release.approval_body(_report(), "/rule-reports/dags/rule_release/runs/r1/", "rules.active")
     html = _render(body)

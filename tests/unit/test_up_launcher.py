@@ -174,13 +174,15 @@ def test_plan_starts_detect_demo_airflow_in_that_order_with_workdir_paths(tmp_pa
         up.plan(build_parser().parse_args(["up"]), "127.0.0.1:9092", paths, None)
 
 
-def test_demo_users_one_per_role_with_generated_passwords_in_an_owner_only_file(tmp_path: Path) -> None:
+def test_demo_users_one_per_role_and_two_approvers_with_generated_passwords_in_an_owner_only_file(
+        tmp_path: Path) -> None:
     paths = up.Paths(tmp_path)
     users = up.demo_users(paths)
+    # Two approvers: a shadow's promotion takes one other than the shadow's.
     assert sorted(u["roles"][0] for u in users) == [
-        "Platform operator", "Release service", "Rule approver", "Rule author", "Rule viewer"]
+        "Platform operator", "Release service", "Rule approver", "Rule approver", "Rule author", "Rule viewer"]
     passwords = [u["password"] for u in users]
-    assert len(set(passwords)) == 5 and all(len(p) >= 16 for p in passwords)
+    assert len(set(passwords)) == 6 and all(len(p) >= 16 for p in passwords)
     assert not {"admin", "change-me", "airflow"} & set(passwords)
     f = tmp_path / "airflow" / "demo-users.json"
     assert f.stat().st_mode & 0o777 == 0o600
