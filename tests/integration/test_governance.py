@@ -255,7 +255,7 @@ def _status(af: AirflowEnv, token: str, method: str, path: str, body: object = N
         return exc.code
 
 
-def test_rulectl_up_provisions_one_demo_user_per_role(gov, tmp_path) -> None:
+def test_rulectl_up_provisions_one_demo_user_per_role_and_a_second_approver(gov, tmp_path) -> None:
     """What `rulectl up` does before Airflow starts (migrate, roles, demo users), on the
     fixture's real metadata DB; then each demo user logs in and can do what its role
     says, and no more."""
@@ -289,6 +289,7 @@ def test_rulectl_up_provisions_one_demo_user_per_role(gov, tmp_path) -> None:
     assert can == {
         "author": {"read runs": True, "trigger": True, "trigger other": False, "variables": False, "reports": True},
         "approver": {"read runs": True, "trigger": False, "trigger other": False, "variables": False, "reports": True},
+        "reviewer": {"read runs": True, "trigger": False, "trigger other": False, "variables": False, "reports": True},
         "viewer": {"read runs": True, "trigger": False, "trigger other": False, "variables": False, "reports": True},
         "operator": {"read runs": True, "trigger": True, "trigger other": True, "variables": True, "reports": True},
     }
