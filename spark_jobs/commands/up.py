@@ -358,7 +358,7 @@ def airflow_binary() -> str | None:
 
 
 def demo_users(paths: Paths) -> list[dict]:
-    """The demo users (one per role) with their passwords: generated on the first start
+    """The demo users (one per role, and a second approver) with their passwords: generated on the first start
     of a workdir, then kept in `demo-users.json` (mode 0600), which is also what
     `spark_jobs.platform.identity` provisions from."""
     from spark_jobs.platform import identity
