@@ -66,7 +66,7 @@ final class Correlation {
             f.emits.addAll(step(f.rule, f.st, primaries, List.of(), watermark));
             f.st.context = new ArrayList<>();
             if (watermark > 0) {
-                f.st.pending.removeIf(p -> p.ts < watermark);
+                evict(f.st, f.rule, watermark); // its held primaries; it has no context
             }
         }
     }
