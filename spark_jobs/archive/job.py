@@ -46,7 +46,12 @@ class ArchiveConfig:
     checkpoint: Path = Path("var/archive/checkpoint")
     topics: tuple[str, ...] = DEFAULT_TOPICS
     time_field: str = "timestamp"
-    trigger_ms: int = 5_000
+    # A batch commits to the Delta log, and Delta's commit work (the new snapshot, its
+    # statistics, a checkpoint every tenth commit) costs the same for ten records as for
+    # ten thousand: at the demo's trickle a 5 s trigger kept 0.6 of a core busy, 30 s
+    # 0.17 (tests/benchmarks/bench_idle_platform.py). History may lag the live topics by
+    # one trigger; backtests and warm windows read Kafka past the archive's end.
+    trigger_ms: int = 30_000
     max_offsets_per_trigger: int = 200_000
     starting_offsets: str = "earliest"
     master: str | None = None

@@ -33,7 +33,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--topic", action="append", dest="topics", metavar="TOPIC",
                    help=f"topic to archive (repeatable; default: {', '.join(DEFAULT_TOPICS)})")
     p.add_argument("--time-field", default=s.time_field, help="event field holding the event time")
-    p.add_argument("--trigger-ms", type=int, default=5_000)
+    p.add_argument("--trigger-ms", type=int, default=ArchiveConfig.trigger_ms,
+                   help=f"micro-batch trigger interval (default: {ArchiveConfig.trigger_ms} ms)")
     p.add_argument("--max-offsets-per-trigger", type=int, default=200_000)
     p.add_argument("--master", default=None)
     p.add_argument("--maintain", action="store_true",

@@ -117,6 +117,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         help=f"port of the Spark Connect server on 127.0.0.1 (default: {DEFAULT_CONNECT_PORT})",
     )
     p.add_argument("--trigger-ms", type=int, default=None, help="detection job micro-batch trigger interval")
+    p.add_argument("--archive-trigger-ms", type=int, default=None,
+                   help="event archive micro-batch trigger interval (rulectl archive --trigger-ms)")
     p.add_argument(
         "--threshold-lane", choices=["real-time", "micro-batch"], default="real-time",
         help="where the detection job runs threshold rules (rulectl detect --threshold-lane; default: real-time)",
@@ -283,6 +285,8 @@ def archive_spec(args: argparse.Namespace, bootstrap: str, paths: Paths) -> Chil
         "--checkpoint", str(paths.archive_checkpoint),
         "--status-file", str(paths.archive_status_file),
     )  # fmt: skip
+    if args.archive_trigger_ms is not None:
+        argv += ["--trigger-ms", str(args.archive_trigger_ms)]
     # Its batches are small appends: a smaller driver than the detection job's 4g.
     env = {"SPARK_DRIVER_MEMORY": "1g", **base_env(bootstrap, paths, not args.insecure)}
     return ChildSpec(

@@ -38,6 +38,9 @@ _JOB = (
 )
 
 
+VARIANTS = ("filesystem", "chmod", "filecontext")
+
+
 def _machine() -> tuple[int, int]:
     fields = Path("/proc/stat").read_text().splitlines()
     cpu = [int(x) for x in fields[0].split()[1:]]
@@ -66,6 +69,25 @@ def _jvm_of() -> int:
     raise RuntimeError("no detection job JVM")
 
 
+# The job JVM's threads by what they do (their names, as /proc gives them: 15 characters).
+THREAD_GROUPS = (("CompilerThre", "jit"), ("Executor task", "tasks"), ("stream executio", "query_driver"),
+                 ("GC Thread", "gc"))
+
+
+def _threads(pid: int) -> dict[str, tuple[str, float]]:
+    """Per thread id: its group (THREAD_GROUPS, else "other") and its CPU seconds."""
+    out: dict[str, tuple[str, float]] = {}
+    for t in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = (t / "comm").read_text().strip()
+            st = (t / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        group = next((g for prefix, g in THREAD_GROUPS if prefix in name), "other")
+        out[t.name] = (group, (int(st[11]) + int(st[12])) / os.sysconf("SC_CLK_TCK"))
+    return out
+
+
 @contextmanager
 def job_jvm(argv: list[str]) -> Iterator[int]:
     """Start `python argv` (a detection job) and give its driver JVM's pid; on leaving,
@@ -85,17 +107,23 @@ def job_jvm(argv: list[str]) -> Iterator[int]:
 def run(variant: str, bootstrap: str, work: Path, args: argparse.Namespace) -> dict:
     status = work / "status.json"
     with job_jvm(["-c", _JOB, variant, "detect", "--bootstrap", bootstrap, "--checkpoint", str(work / "checkpoint"),
-                  "--status-file", str(status)]) as jvm:
+                  "--status-file", str(status), "--threshold-lane", args.threshold_lane]) as jvm:
         time.sleep(args.warmup)
         tck = os.sysconf("SC_CLK_TCK")
-        (b0, f0), c0, t0 = _machine(), _cpu(jvm), time.monotonic()
+        (b0, f0), c0, t0, th0 = _machine(), _cpu(jvm), time.monotonic(), _threads(jvm)
         time.sleep(args.seconds)
-        (b1, f1), c1, t1 = _machine(), _cpu(jvm), time.monotonic()
+        (b1, f1), c1, t1, th1 = _machine(), _cpu(jvm), time.monotonic(), _threads(jvm)
+        groups = dict.fromkeys([g for _, g in THREAD_GROUPS] + ["other"], 0.0)
+        for tid, (group, cpu) in th1.items():
+            groups[group] += (cpu - th0.get(tid, (group, 0.0))[1]) / (t1 - t0)
         last = json.loads(status.read_text())
         return {
             "busy_cores": round((b1 - b0) / tck / (t1 - t0), 3),
             "processes_per_s": round((f1 - f0) / (t1 - t0), 1),
             "job_jvm_cores": round((c1 - c0) / (t1 - t0), 3),
+            # of it, by thread: HotSpot's JIT compilers, Spark's tasks, the queries' own
+            # threads (planning each micro-batch), GC, the rest
+            **{f"{g}_cores": round(v, 3) for g, v in groups.items()},
             "batch_ms": last.get("batch_duration_ms", {}).get("triggerExecution"),
             "wal_commit_ms": last.get("batch_duration_ms", {}).get("walCommit"),
         }
@@ -106,6 +134,9 @@ def main() -> None:
     ap.add_argument("--rate", type=int, default=20)
     ap.add_argument("--warmup", type=float, default=60)
     ap.add_argument("--seconds", type=float, default=60)
+    ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    ap.add_argument("--threshold-lane", choices=["micro-batch", "real-time"], default="micro-batch",
+                    help="rulectl detect --threshold-lane (rulectl up runs real-time)")
     args = ap.parse_args()
     from spark_jobs.kafka.broker import EmbeddedBroker, free_port
     from spark_jobs.kafka.publisher import publish_rules
@@ -118,14 +149,14 @@ def main() -> None:
                                  "--forever", "--rate", str(args.rate)], cwd=ROOT,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            for variant in ("filesystem", "chmod", "filecontext"):
+            for variant in args.variants:
                 out = run(variant, broker.bootstrap, Path(tmp) / variant, args)
                 print(variant, out)
                 figures.update({f"{variant}_{k}": v for k, v in out.items()})
         finally:
             demo.terminate()
             demo.wait(60)
-    append_result("idle_job", figures, rate=args.rate, seconds=args.seconds)
+    append_result("idle_job", figures, rate=args.rate, seconds=args.seconds, threshold_lane=args.threshold_lane)
 
 
 if __name__ == "__main__":

@@ -179,16 +179,27 @@ BENCHES = {
         "starts a `chmod` or `readlink` process for most checkpoint files it writes: the machine's busy cores, "
         "processes started per second, the job JVM's cores, the last batch's duration and WAL commit.",
         f"{PY}bench_idle_job.py",
-        [("rate", "events/s"), ("seconds", "seconds")],
+        [("rate", "events/s"), ("seconds", "seconds"), ("threshold_lane", "threshold lane")],
         [("filesystem_busy_cores", "busy cores"), ("chmod_busy_cores", "chmod"),
          ("filecontext_busy_cores", "FileContext"),
          ("filesystem_processes_per_s", "processes/s"), ("chmod_processes_per_s", "chmod"),
          ("filecontext_processes_per_s", "FileContext"),
          ("filesystem_job_jvm_cores", "job JVM cores"), ("chmod_job_jvm_cores", "chmod"),
          ("filecontext_job_jvm_cores", "FileContext"),
+         ("filesystem_jit_cores", "of it: JIT compiler threads"), ("filesystem_tasks_cores", "tasks"),
+         ("filesystem_query_driver_cores", "query threads"),
          ("filesystem_batch_ms", "batch ms"), ("chmod_batch_ms", "chmod"), ("filecontext_batch_ms", "FileContext"),
          ("filesystem_wal_commit_ms", "WAL commit ms"), ("chmod_wal_commit_ms", "chmod"),
          ("filecontext_wal_commit_ms", "FileContext")]),
+    "idle_platform": Bench(
+        "bench_idle_platform.py",
+        "`rulectl up` (broker, Airflow, detection job, event archive, Spark Connect server, demo at its default "
+        "rate) in a fresh work folder, left running: after the warm-up, the cores each part keeps busy; "
+        "`--archive-trigger-ms` sets the archive's trigger (empty: its default).",
+        ".venv/bin/python tests/benchmarks/bench_idle_platform.py",
+        [("seconds", "seconds"), ("warmup", "warm-up s"), ("archive_trigger_ms", "archive trigger ms")],
+        [("total_cores", "busy cores"), ("detection_job_cores", "detection job"),
+         ("archive_job_cores", "archive job")]),
     "lane_idle": Bench(
         "bench_lane_idle.py",
         "An idle detection job (a threshold rule on each of N one-partition topics, no events) with its threshold "
