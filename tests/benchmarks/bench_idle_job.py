@@ -49,8 +49,9 @@ def _machine() -> tuple[int, int]:
     return busy, forks
 
 
-def _cpu(pid: int) -> float:
-    st = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+def _cpu(pid: int, stat: Path | None = None) -> float:
+    """CPU seconds (user + system) of process `pid`, or of the thread whose /proc `stat` is given."""
+    st = (stat or Path(f"/proc/{pid}/stat")).read_text().rsplit(")", 1)[1].split()
     return (int(st[11]) + int(st[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -80,11 +81,11 @@ def _threads(pid: int) -> dict[str, tuple[str, float]]:
     for t in Path(f"/proc/{pid}/task").iterdir():
         try:
             name = (t / "comm").read_text().strip()
-            st = (t / "stat").read_text().rsplit(")", 1)[1].split()
+            cpu = _cpu(pid, t / "stat")
         except OSError:
             continue
         group = next((g for prefix, g in THREAD_GROUPS if prefix in name), "other")
-        out[t.name] = (group, (int(st[11]) + int(st[12])) / os.sysconf("SC_CLK_TCK"))
+        out[t.name] = (group, cpu)
     return out
 
 

@@ -12,16 +12,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_suite_cpu import Seen, component, sample  # noqa: E402
+from bench_release import stop_platform  # noqa: E402
+from bench_suite_cpu import Seen, by_component, sample  # noqa: E402
 from record import append_result  # noqa: E402
 
 
@@ -68,24 +67,17 @@ def main() -> None:
                 sample(seen, first=False)
             wall = time.monotonic() - started
         finally:
-            os.killpg(proc.pid, signal.SIGINT)
-            try:
-                proc.wait(240)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-    by_pid = {pid: s for (pid, _), s in seen.items()}
-    cores: Counter[str] = Counter()
-    for s in seen.values():
-        cores[component(s, by_pid)] += (s.cpu - s.base_cpu) / wall
+            stop_platform(proc)
+    cores = {name: cpu / wall for name, cpu in by_component(seen).items()}
     total = sum(cores.values())
     print(f"idle platform: {total:.2f} cores over {wall:.0f} s")
-    for name, c in cores.most_common():
+    for name, c in sorted(cores.items(), key=lambda x: -x[1]):
         print(f"  {c:6.3f}  {name}")
     append_result("idle_platform", {
         "total_cores": round(total, 2),
-        "detection_job_cores": round(cores["Spark: detection job"], 3),
-        "archive_job_cores": round(cores["Spark: archive job"], 3),
-        "cores_by_component": {k: round(v, 3) for k, v in cores.most_common()},
+        "detection_job_cores": round(cores.get("Spark: detection job", 0.0), 3),
+        "archive_job_cores": round(cores.get("Spark: archive job", 0.0), 3),
+        "cores_by_component": {k: round(v, 3) for k, v in sorted(cores.items(), key=lambda x: -x[1])},
     }, seconds=args.seconds, warmup=args.warmup, archive_trigger_ms=args.archive_trigger_ms, up_args=" ".join(up_args))
 
 

@@ -104,6 +104,15 @@ def component(s: Seen, seen_by_pid: dict[int, Seen]) -> str:
     return "other"
 
 
+def by_component(seen: dict[tuple[int, float], Seen]) -> Counter[str]:
+    """CPU seconds spent since the first sample, summed by `component`."""
+    by_pid = {pid: s for (pid, _), s in seen.items()}
+    cpu: Counter[str] = Counter()
+    for s in seen.values():
+        cpu[component(s, by_pid)] += s.cpu - s.base_cpu
+    return cpu
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("command", nargs="*", help="what to run (default: make test)")
@@ -126,10 +135,7 @@ def main() -> int:
     thread.join()
     sample(seen, first=False)
 
-    by_pid = {pid: s for (pid, _), s in seen.items()}
-    cpu: Counter[str] = Counter()
-    for s in seen.values():
-        cpu[component(s, by_pid)] += s.cpu - s.base_cpu
+    cpu = by_component(seen)
     total = sum(cpu.values())
     cores = psutil.cpu_count() or 1
     print(f"\n{' '.join(argv)}: exit {code}, {wall:.0f} s wall, {total:.0f} CPU s, "
