@@ -65,13 +65,16 @@ def pytest_collection_modifyitems(config, items):
 
 # The suite's longest files (each several minutes of a worker; the `--durations` list of
 # `make test`). `make test` hands whole files to two workers in collection order
-# (`--dist loadfile`); collected alphabetically, a long file that comes late keeps one
-# worker busy after the other has run out of files. Longest first, the short ones fill
-# in at the end. Only the order of files changes; each file's tests keep theirs.
+# (`--dist loadfile --no-loadscope-reorder`: xdist's own reorder puts the files with the
+# most tests first, which are the short unit files); collected alphabetically, a long file
+# that comes late keeps one worker busy after the other has run out of files. Longest
+# first, the short ones fill in at the end. Only the order of files changes; each file's
+# tests keep theirs.
 LONGEST_FILES = (
-    "test_conformance.py", "test_platform_up.py", "test_airflow_release.py", "test_archive.py",
-    "test_scale_out.py", "test_live_backtest_parity.py", "test_archive_maintenance.py",
-    "test_detection_job.py", "test_supervision_across_hosts.py", "test_kafka_cluster.py",
+    "test_platform_up.py", "test_airflow_release.py", "test_supervision_across_hosts.py",
+    "test_live_backtest_parity.py", "test_detection_job.py", "test_conformance.py", "test_archive.py",
+    "test_scale_out.py", "test_kafka_security.py", "test_batch_quarantine.py", "test_kafka_io.py",
+    "test_kafka_cluster.py", "test_archive_maintenance.py",
 )
 
 
