@@ -89,6 +89,14 @@ def _threads(pid: int) -> dict[str, tuple[str, float]]:
     return out
 
 
+def _classes_loaded(pid: int) -> int:
+    """Classes the JVM has loaded so far (`jstat -class`). Spark compiles generated code
+    into new classes; a count that keeps rising after the warm-up is code generated and
+    compiled again at every batch instead of being taken from Spark's code cache."""
+    out = subprocess.run(["jstat", "-class", str(pid)], capture_output=True, text=True, check=True).stdout
+    return int(out.splitlines()[1].split()[0])
+
+
 @contextmanager
 def job_jvm(argv: list[str]) -> Iterator[int]:
     """Start `python argv` (a detection job) and give its driver JVM's pid; on leaving,
@@ -111,9 +119,10 @@ def run(variant: str, bootstrap: str, work: Path, args: argparse.Namespace) -> d
                   "--status-file", str(status), "--threshold-lane", args.threshold_lane]) as jvm:
         time.sleep(args.warmup)
         tck = os.sysconf("SC_CLK_TCK")
-        (b0, f0), c0, t0, th0 = _machine(), _cpu(jvm), time.monotonic(), _threads(jvm)
+        (b0, f0), c0, t0, th0, k0 = _machine(), _cpu(jvm), time.monotonic(), _threads(jvm), _classes_loaded(jvm)
+        n0 = json.loads(status.read_text()).get("last_batch_id") or 0
         time.sleep(args.seconds)
-        (b1, f1), c1, t1, th1 = _machine(), _cpu(jvm), time.monotonic(), _threads(jvm)
+        (b1, f1), c1, t1, th1, k1 = _machine(), _cpu(jvm), time.monotonic(), _threads(jvm), _classes_loaded(jvm)
         groups = dict.fromkeys([g for _, g in THREAD_GROUPS] + ["other"], 0.0)
         for tid, (group, cpu) in th1.items():
             groups[group] += (cpu - th0.get(tid, (group, 0.0))[1]) / (t1 - t0)
@@ -125,6 +134,8 @@ def run(variant: str, bootstrap: str, work: Path, args: argparse.Namespace) -> d
             # of it, by thread: HotSpot's JIT compilers, Spark's tasks, the queries' own
             # threads (planning each micro-batch), GC, the rest
             **{f"{g}_cores": round(v, 3) for g, v in groups.items()},
+            "classes_loaded_per_s": round((k1 - k0) / (t1 - t0), 2),
+            "keyed_batches_per_s": round(((last.get("last_batch_id") or 0) - n0) / (t1 - t0), 2),
             "batch_ms": last.get("batch_duration_ms", {}).get("triggerExecution"),
             "wal_commit_ms": last.get("batch_duration_ms", {}).get("walCommit"),
         }

@@ -177,7 +177,9 @@ BENCHES = {
         "over the platform's local file system (the job's setting), over Hadoop's own (`chmod`: a process per file "
         "it creates; rows before it existed have no figure) and through Spark's default FileContext manager, which "
         "starts a `chmod` or `readlink` process for most checkpoint files it writes: the machine's busy cores, "
-        "processes started per second, the job JVM's cores, the last batch's duration and WAL commit.",
+        "processes started per second, the job JVM's cores, the last batch's duration and WAL commit, and (later "
+        "rows) the classes the JVM loaded per second (Spark's generated code compiled again) and the keyed "
+        "query's micro-batches per second.",
         f"{PY}bench_idle_job.py",
         [("rate", "events/s"), ("seconds", "seconds"), ("threshold_lane", "threshold lane")],
         [("filesystem_busy_cores", "busy cores"), ("chmod_busy_cores", "chmod"),
@@ -188,6 +190,7 @@ BENCHES = {
          ("filecontext_job_jvm_cores", "FileContext"),
          ("filesystem_jit_cores", "of it: JIT compiler threads"), ("filesystem_tasks_cores", "tasks"),
          ("filesystem_query_driver_cores", "query threads"),
+         ("filesystem_classes_loaded_per_s", "classes loaded/s"), ("filesystem_keyed_batches_per_s", "keyed batches/s"),
          ("filesystem_batch_ms", "batch ms"), ("chmod_batch_ms", "chmod"), ("filecontext_batch_ms", "FileContext"),
          ("filesystem_wal_commit_ms", "WAL commit ms"), ("chmod_wal_commit_ms", "chmod"),
          ("filecontext_wal_commit_ms", "FileContext")]),
