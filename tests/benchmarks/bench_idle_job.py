@@ -9,6 +9,8 @@ detection job; after `--warmup` seconds, `--seconds` of: the machine's busy core
 (/proc/stat), processes started per second (the `processes` counter: each `chmod` or
 `readlink` that Hadoop's local file system starts is one), the job JVM's own CPU and its
 last batch's durations. The variants run one after the other on fresh checkpoints.
+`--jfr` records that window with JDK Flight Recorder (jfr_profile.py) and adds, per
+thread group, the methods it spent its samples in.
 
     .venv/bin/python tests/benchmarks/bench_idle_job.py [--rate 20] [--seconds 60]
 """
@@ -27,6 +29,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import jfr_profile  # noqa: E402
 from record import ROOT, append_result  # noqa: E402
 
 _JOB = (
@@ -121,7 +124,9 @@ def run(variant: str, bootstrap: str, work: Path, args: argparse.Namespace) -> d
         tck = os.sysconf("SC_CLK_TCK")
         (b0, f0), c0, t0, th0, k0 = _machine(), _cpu(jvm), time.monotonic(), _threads(jvm), _classes_loaded(jvm)
         n0 = json.loads(status.read_text()).get("last_batch_id") or 0
-        time.sleep(args.seconds)
+        profile = jfr_profile.record(jvm, args.seconds, THREAD_GROUPS) if args.jfr else None
+        if profile is None:
+            time.sleep(args.seconds)
         (b1, f1), c1, t1, th1, k1 = _machine(), _cpu(jvm), time.monotonic(), _threads(jvm), _classes_loaded(jvm)
         groups = dict.fromkeys([g for _, g in THREAD_GROUPS] + ["other"], 0.0)
         for tid, (group, cpu) in th1.items():
@@ -138,6 +143,7 @@ def run(variant: str, bootstrap: str, work: Path, args: argparse.Namespace) -> d
             "keyed_batches_per_s": round(((last.get("last_batch_id") or 0) - n0) / (t1 - t0), 2),
             "batch_ms": last.get("batch_duration_ms", {}).get("triggerExecution"),
             "wal_commit_ms": last.get("batch_duration_ms", {}).get("walCommit"),
+            **({"profile": profile} if profile else {}),
         }
 
 
@@ -149,6 +155,8 @@ def main() -> None:
     ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
     ap.add_argument("--threshold-lane", choices=["micro-batch", "real-time"], default="micro-batch",
                     help="rulectl detect --threshold-lane (rulectl up runs real-time)")
+    ap.add_argument("--jfr", action="store_true",
+                    help="record the measurement window with JDK Flight Recorder: the methods each thread group spends it in")
     args = ap.parse_args()
     from spark_jobs.kafka.broker import EmbeddedBroker, free_port
     from spark_jobs.kafka.publisher import publish_rules
@@ -163,7 +171,7 @@ def main() -> None:
         try:
             for variant in args.variants:
                 out = run(variant, broker.bootstrap, Path(tmp) / variant, args)
-                print(variant, out)
+                print(variant, json.dumps(out, indent=1))
                 figures.update({f"{variant}_{k}": v for k, v in out.items()})
         finally:
             demo.terminate()
