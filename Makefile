@@ -12,4 +12,4 @@ up: setup
 # both cores busy (tests/benchmarks/bench_suite_cpu.py), so more workers would only wait.
 test:
 	bash .ci/setup test
-	.venv/bin/python -m pytest -n 2 --dist loadfile --no-loadscope-reorder $(ARGS)
+	.venv/bin/python -m pytest -n 2 --dist loadfile $(ARGS)

@@ -63,22 +63,15 @@ def pytest_collection_modifyitems(config, items):
     _longest_files_first(items)
 
 
-# The suite's longest files, longest first (one to ten minutes of a worker each: the time
-# of their tests in a clean-clone `make test ARGS=--junitxml=...`). `make test` hands
-# whole files to two workers in collection order (`--dist loadfile
-# --no-loadscope-reorder`: xdist's own reorder puts the files with the most tests first,
-# which are the short unit files); a long file that comes late keeps one worker busy
-# after the other has run out of files. Longest first, the short ones fill in at the
-# end. Only the order of files changes; each file's tests keep theirs. The two files
-# that run Airflow with its release backtests (platform_up, airflow_release) are kept
-# apart: started together, test_airflow_release took 771 s, against 570 s in a run
-# where test_platform_up failed early and overlapped it less.
+# The suite's longest files (each several minutes of a worker; the `--durations` list of
+# `make test`). `make test` hands whole files to two workers in collection order
+# (`--dist loadfile`); collected alphabetically, a long file that comes late keeps one
+# worker busy after the other has run out of files. Longest first, the short ones fill
+# in at the end. Only the order of files changes; each file's tests keep theirs.
 LONGEST_FILES = (
-    "test_platform_up.py", "test_detection_job.py", "test_conformance.py", "test_supervision_across_hosts.py",
-    "test_live_backtest_parity.py", "test_archive.py", "test_airflow_release.py", "test_scale_out.py",
-    "test_batch_quarantine.py", "test_backtest_on_cluster.py", "test_jvm_keyed_operator.py", "test_poison_input.py",
-    "test_kafka_security.py", "test_kafka_io.py", "test_governance.py", "test_warm_windows.py",
-    "test_archive_maintenance.py", "test_kafka_cluster.py",
+    "test_conformance.py", "test_platform_up.py", "test_airflow_release.py", "test_archive.py",
+    "test_scale_out.py", "test_live_backtest_parity.py", "test_archive_maintenance.py",
+    "test_detection_job.py", "test_supervision_across_hosts.py", "test_kafka_cluster.py",
 )
 
 
