@@ -87,7 +87,7 @@ def _threads(pid: int) -> dict[str, tuple[str, float]]:
             cpu = _cpu(pid, t / "stat")
         except OSError:
             continue
-        group = next((g for prefix, g in THREAD_GROUPS if prefix in name), "other")
+        group = jfr_profile.thread_group(name, THREAD_GROUPS)
         out[t.name] = (group, cpu)
     return out
 
@@ -124,8 +124,10 @@ def run(variant: str, bootstrap: str, work: Path, args: argparse.Namespace) -> d
         tck = os.sysconf("SC_CLK_TCK")
         (b0, f0), c0, t0, th0, k0 = _machine(), _cpu(jvm), time.monotonic(), _threads(jvm), _classes_loaded(jvm)
         n0 = json.loads(status.read_text()).get("last_batch_id") or 0
-        profile = jfr_profile.record(jvm, args.seconds, THREAD_GROUPS) if args.jfr else None
-        if profile is None:
+        if args.jfr:
+            profile = jfr_profile.record(jvm, args.seconds, THREAD_GROUPS)
+        else:
+            profile = None
             time.sleep(args.seconds)
         (b1, f1), c1, t1, th1, k1 = _machine(), _cpu(jvm), time.monotonic(), _threads(jvm), _classes_loaded(jvm)
         groups = dict.fromkeys([g for _, g in THREAD_GROUPS] + ["other"], 0.0)
@@ -143,7 +145,7 @@ def run(variant: str, bootstrap: str, work: Path, args: argparse.Namespace) -> d
             "keyed_batches_per_s": round(((last.get("last_batch_id") or 0) - n0) / (t1 - t0), 2),
             "batch_ms": last.get("batch_duration_ms", {}).get("triggerExecution"),
             "wal_commit_ms": last.get("batch_duration_ms", {}).get("walCommit"),
-            **({"profile": profile} if profile else {}),
+            **({"profile": profile} if args.jfr else {}),
         }
 
 

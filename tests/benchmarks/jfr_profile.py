@@ -47,13 +47,18 @@ def parse(text: str) -> list[tuple[str, list[str]]]:
     return out
 
 
+def thread_group(name: str, groups: tuple[tuple[str, str], ...]) -> str:
+    """The group of a thread named `name`: the first whose prefix it contains, else "other"."""
+    return next((g for prefix, g in groups if prefix in name), "other")
+
+
 def summarize(samples: list[tuple[str, list[str]]], groups: tuple[tuple[str, str], ...], top: int = 12) -> dict:
     """Per group (thread names containing the prefix; else "other"): its samples and the
     `top` focus methods by the share of its samples they are on the stack of."""
     counts: dict[str, Counter[str]] = {}
     totals: Counter[str] = Counter()
     for thread, frames in samples:
-        group = next((g for prefix, g in groups if prefix in thread), "other")
+        group = thread_group(thread, groups)
         totals[group] += 1
         seen = {f for f in frames if f.startswith(FOCUS)}
         counts.setdefault(group, Counter()).update(seen)
