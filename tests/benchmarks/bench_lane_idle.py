@@ -4,30 +4,39 @@ micro-batch query runs nothing while no record arrives.
 
 One broker; `--topics` topics of one partition, a threshold rule on each, no events.
 After `--warmup` seconds, the job JVM's CPU over `--seconds` (cores), for each lane and
-topic count, one after the other:
+topic count, one after the other. `--jfr` records the real-time lane's window with JDK
+Flight Recorder instead (jfr_profile.py): per thread group, where its samples land.
 
-    .venv/bin/python tests/benchmarks/bench_lane_idle.py [--topics 2 130]
+    .venv/bin/python tests/benchmarks/bench_lane_idle.py [--topics 2 130] [--jfr]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_idle_job import _cpu, job_jvm  # noqa: E402
+import jfr_profile  # noqa: E402
+from bench_idle_job import THREAD_GROUPS, _cpu, job_jvm  # noqa: E402
 from record import append_result  # noqa: E402
 
 
-def idle_cores(bootstrap: str, lane: str, work: Path, args: argparse.Namespace) -> float:
+def idle_cores(bootstrap: str, lane: str, work: Path, args: argparse.Namespace,
+               profile: dict | None = None) -> float:
+    """The job JVM's cores over the window; with `profile` (a dict), JFR records the
+    window and its summary goes there."""
     with job_jvm(["-m", "spark_jobs.cli", "detect", "--bootstrap", bootstrap, "--checkpoint", str(work / "checkpoint"),
                   "--threshold-lane", lane]) as jvm:
         time.sleep(args.warmup)
         c0, t0 = _cpu(jvm), time.monotonic()
-        time.sleep(args.seconds)
+        if profile is not None:
+            profile.update(jfr_profile.record(jvm, args.seconds, THREAD_GROUPS))
+        else:
+            time.sleep(args.seconds)
         return round((_cpu(jvm) - c0) / (time.monotonic() - t0), 3)
 
 
@@ -36,6 +45,7 @@ def main() -> None:
     ap.add_argument("--topics", type=int, nargs="+", default=[2, 130])
     ap.add_argument("--warmup", type=float, default=30)
     ap.add_argument("--seconds", type=float, default=30)
+    ap.add_argument("--jfr", action="store_true", help="profile the real-time lane's window (JDK Flight Recorder)")
     args = ap.parse_args()
     from spark_jobs.kafka.admin import TopicSpec, create_topics
     from spark_jobs.kafka.broker import EmbeddedBroker, free_port
@@ -51,11 +61,15 @@ def main() -> None:
                                        "source_topic": t,
                                        "conditions": [{"field": "amount", "operator": ">", "value": 100}]})
                            for t in topics], broker.bootstrap)
+            profile: dict | None = {} if args.jfr else None
             for lane in ("micro-batch", "real-time"):
                 figures[f"{lane.replace('-', '_')}_job_jvm_cores"] = idle_cores(
-                    broker.bootstrap, lane, Path(tmp) / lane, args)
+                    broker.bootstrap, lane, Path(tmp) / lane, args, profile if lane == "real-time" else None)
         print(f"{n} partitions: {figures}")
-        append_result("lane_idle", figures, partitions=n, seconds=args.seconds)
+        if profile:
+            print(json.dumps(profile, indent=1))
+        append_result("lane_idle", {**figures, **({"profile": profile} if profile else {})}, partitions=n,
+                      seconds=args.seconds, jfr=args.jfr)
 
 
 if __name__ == "__main__":

@@ -53,17 +53,27 @@ def thread_group(name: str, groups: tuple[tuple[str, str], ...]) -> str:
 
 
 def summarize(samples: list[tuple[str, list[str]]], groups: tuple[tuple[str, str], ...], top: int = 12) -> dict:
-    """Per group (thread names containing the prefix; else "other"): its samples and the
-    `top` focus methods by the share of its samples they are on the stack of."""
+    """Per group (thread names containing the prefix; else "other"): its samples, the
+    `top` focus methods by the share of its samples they are on the stack of
+    ("methods", inclusive: the callers a group's time passes through), and the `top`
+    innermost focus methods by the share of its samples they are the first focus frame
+    from the top of ("innermost": where in Spark's or the job's own code the time is
+    spent, below which only JDK or Scala library frames run)."""
     counts: dict[str, Counter[str]] = {}
+    inner: dict[str, Counter[str]] = {}
     totals: Counter[str] = Counter()
     for thread, frames in samples:
         group = thread_group(thread, groups)
         totals[group] += 1
-        seen = {f for f in frames if f.startswith(FOCUS)}
-        counts.setdefault(group, Counter()).update(seen)
-    return {group: {"samples": totals[group],
-                    "methods": [(m, round(n / totals[group], 3)) for m, n in counts[group].most_common(top)]}
+        focus = [f for f in frames if f.startswith(FOCUS)]
+        counts.setdefault(group, Counter()).update(set(focus))
+        inner.setdefault(group, Counter()).update(focus[:1])
+
+    def shares(c: Counter[str], group: str) -> list[tuple[str, float]]:
+        return [(m, round(n / totals[group], 3)) for m, n in c.most_common(top)]
+
+    return {group: {"samples": totals[group], "methods": shares(counts[group], group),
+                    "innermost": shares(inner[group], group)}
             for group in sorted(totals, key=totals.__getitem__, reverse=True)}
 
 

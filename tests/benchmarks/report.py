@@ -209,7 +209,8 @@ BENCHES = {
         "rules in the micro-batch query and in the real-time lane, which keeps a task per source partition running: "
         "the job JVM's cores.",
         f"{PY}bench_lane_idle.py --topics 2 130",
-        [("partitions", "source partitions"), ("seconds", "seconds")],
+        [("partitions", "source partitions"), ("seconds", "seconds"),
+         ("jfr", "real-time lane under JDK Flight Recorder")],
         [("micro_batch_job_jvm_cores", "micro-batch: job JVM cores"),
          ("real_time_job_jvm_cores", "real-time lane: job JVM cores")]),
     "jvm_start": Bench(

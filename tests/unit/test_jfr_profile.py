@@ -54,4 +54,14 @@ def test_a_method_counts_once_per_sample_and_only_focus_packages_count() -> None
     # The recursive RocksDB.get is on one of the two task samples' stacks: half, not one.
     assert dict(out["tasks"]["methods"]) == {"org.rocksdb.RocksDB.get": 0.5,
                                              "org.apache.spark.sql.execution.streaming.state.RocksDB.get": 0.5}
-    assert out["query_driver"] == {"samples": 1, "methods": [("org.codehaus.janino.UnitCompiler.compile2", 1.0)]}
+    assert out["query_driver"]["samples"] == 1
+    assert out["query_driver"]["methods"] == [("org.codehaus.janino.UnitCompiler.compile2", 1.0)]
+
+
+def test_the_innermost_focus_frame_says_where_a_sample_lands() -> None:
+    samples = jfr_profile.parse(PRINTED) + [("Executor task launch worker (TID 8)", ["java.lang.Thread.run"])]
+    out = jfr_profile.summarize(samples, GROUPS)
+    # The task sample's first focus frame below HashMap.get (a JDK frame) is RocksDB's
+    # JNI call, not Spark's wrapper above it; the sample with no focus frame lands nowhere.
+    assert out["tasks"]["innermost"] == [("org.rocksdb.RocksDB.get", 0.5)]
+    assert out["query_driver"]["innermost"] == [("org.codehaus.janino.UnitCompiler.compile2", 1.0)]
