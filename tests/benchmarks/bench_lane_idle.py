@@ -4,8 +4,9 @@ micro-batch query runs nothing while no record arrives.
 
 One broker; `--topics` topics of one partition, a threshold rule on each, no events.
 After `--warmup` seconds, the job JVM's CPU over `--seconds` (cores), for each lane and
-topic count, one after the other. `--jfr` records the real-time lane's window with JDK
-Flight Recorder instead (jfr_profile.py): per thread group, where its samples land.
+topic count, one after the other. `--jfr` also records the real-time lane's window with
+JDK Flight Recorder (jfr_profile.py): per thread group, where its samples land; its cores
+are then the lane's under the recorder.
 
     .venv/bin/python tests/benchmarks/bench_lane_idle.py [--topics 2 130] [--jfr]
 """
