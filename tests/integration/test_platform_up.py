@@ -49,10 +49,11 @@ DB = "rules_platform_up_" + os.environ.get("PYTEST_XDIST_WORKER", "main")
 POLL_MINUTES = 0.5
 # The keyed query's micro-batch trigger. The demo's context ticks (FX, sensors,
 # reputations) reach the keyed lane every second whatever --demo-rate is, and a
-# micro-batch has a fixed cost whatever its input (bench_idle_job.py): at 1,000 ms the
-# job's JVM was the largest part of this module's CPU (`bench_suite_cpu.py -- pytest`
-# on this file). Nothing here times a keyed alert: the probes' rule is a threshold
-# rule, judged in the real-time lane whatever this trigger is.
+# micro-batch has a fixed cost whatever its input (bench_idle_job.py): run alone, the
+# module took 1,234 CPU s at 1,000 ms, 504 of them the job's JVM, and 775 at 5,000 ms,
+# 236 the job's (`bench_suite_cpu.py -- .venv/bin/python -m pytest` on this file,
+# docs/benchmarks.md). Nothing here times a keyed alert: the probes' rule is a
+# threshold rule, judged in the real-time lane whatever this trigger is.
 TRIGGER_MS = 5000
 # Half a background event a second: the demo's seed pattern still makes detections
 # every 10 s (the banner's watch command reads them).
