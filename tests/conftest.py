@@ -63,11 +63,13 @@ def pytest_collection_modifyitems(config, items):
     _longest_files_first(items)
 
 
-# The suite's longest files (each several minutes of a worker; the `--durations` list of
-# `make test`). `make test` hands whole files to two workers in collection order
-# (`--dist loadfile`); collected alphabetically, a long file that comes late keeps one
-# worker busy after the other has run out of files. Longest first, the short ones fill
-# in at the end. Only the order of files changes; each file's tests keep theirs.
+# The suite's longest files (each several minutes of a worker). Without xdist they run
+# first. Under `make test` (`-n 2 --dist loadfile`) xdist then sorts the files by their
+# number of tests (its default `--loadscope-reorder`, a stable sort), so this order only
+# decides among files with as many tests. Handing the longest files out first
+# (`--no-loadscope-reorder`) was tried and reverted: two clean-clone runs were slower
+# than xdist's order (docs/benchmarks.md, bench_suite_cpu rows of 2026-12-03).
+# Only the order of files changes; each file's tests keep theirs.
 LONGEST_FILES = (
     "test_conformance.py", "test_platform_up.py", "test_airflow_release.py", "test_archive.py",
     "test_scale_out.py", "test_live_backtest_parity.py", "test_archive_maintenance.py",
