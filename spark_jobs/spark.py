@@ -46,10 +46,19 @@ def jvm_options(conf: dict[str, str], streaming: bool = False) -> dict[str, str]
     """`conf` with the platform's JVM options for the driver and executors in front of
     any it already gives (a later `-XX` flag wins); a collector chosen there is kept, as
     HotSpot refuses to start with two. The class archive of Spark's jars, where set-up
-    wrote one (spark_jobs/jvm/class_archive.py), comes first."""
+    wrote one (spark_jobs/jvm/class_archive.py), comes first, and the platform's jar
+    heads the class path: HotSpot maps the archive only into a JVM whose class path
+    starts as the archive's did, and the streaming jobs need that jar there (their
+    local file system, `local_checkpoint_conf`), so every platform JVM has it there."""
+    from spark_jobs.jvm import operator_jar
     from spark_jobs.jvm.class_archive import jvm_flags
 
     out = dict(conf)
+    head = operator_jar()
+    for side in ("driver", "executor") if head is not None else ():
+        key = f"spark.{side}.extraClassPath"
+        given = [p for p in out.get(key, "").split(os.pathsep) if p and p != str(head)]
+        out[key] = os.pathsep.join([str(head), *given])
     cds = " ".join(jvm_flags("spark"))
     for side in ("driver", "executor"):
         key = f"spark.{side}.extraJavaOptions"
@@ -108,16 +117,17 @@ FORKLESS_LOCAL_FS: str | None = "ruleplatform.fs.ForklessLocalFileSystem"
 def local_checkpoint_conf(master: str | None) -> dict[str, str]:
     """LOCAL_CHECKPOINT_CONF, and on a local master (driver and executors one JVM) the
     platform's local file system. Hadoop makes its `file:` file system while the JVM
-    starts, before `spark.jars` reach a class loader, so its jar goes on the driver's
-    class path; a cluster's executors keep Hadoop's own, as does a driver that
-    spark-submit started (its class path is fixed by then)."""
-    from spark_jobs.jvm import OPERATOR_JAR, module_jars
+    starts, before `spark.jars` reach a class loader, so it needs the platform's jar on
+    the driver's class path, where `jvm_options` puts it; a cluster's executors keep
+    Hadoop's own, as does a driver that spark-submit started (its class path is fixed
+    by then)."""
+    from spark_jobs.jvm import operator_jar
 
     conf = dict(LOCAL_CHECKPOINT_CONF)
     master = master or os.environ.get("SPARK_MASTER") or DEFAULT_MASTER
-    if FORKLESS_LOCAL_FS and master.startswith("local") and not os.environ.get("PYSPARK_GATEWAY_PORT"):
+    if (FORKLESS_LOCAL_FS and master.startswith("local") and not os.environ.get("PYSPARK_GATEWAY_PORT")
+            and operator_jar() is not None):
         conf["spark.hadoop.fs.file.impl"] = FORKLESS_LOCAL_FS
-        conf["spark.driver.extraClassPath"] = next(str(p) for p in module_jars("spark") if p.name == OPERATOR_JAR)
     return conf
 
 

@@ -99,6 +99,15 @@ def spark_jars() -> str:
     return ",".join(str(p) for p in module_jars("spark"))
 
 
+def operator_jar() -> Path | None:
+    """The platform's own jar where set-up built it, else None (never builds it: a
+    session without Kafka must not need Maven). It heads every platform Spark JVM's
+    class path (spark_jobs/spark.py, `class_path_conf`) because the class archive is
+    only valid for the class path it was written with (spark_jobs/jvm/class_archive.py)."""
+    path = jars_dir() / "spark" / OPERATOR_JAR
+    return path if path.is_file() else None
+
+
 def broker_classpath() -> str:
     """The Kafka broker's Java classpath."""
     return os.pathsep.join(str(p) for p in module_jars("broker"))

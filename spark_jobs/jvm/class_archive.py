@@ -13,8 +13,11 @@ HotSpot checks both and, on any mismatch (or a missing file), starts as it would
 without it (`-Xshare:auto`, the default). So the file name carries a digest of the
 JDK and the jars, a changed install writes a new archive, and a JVM given a stale one
 loses only the speed-up. Only classes of the JVM's own class path are archived:
-Spark's jars (`pyspark/jars`) and the broker's class path, not the jars Spark loads at
-run time (`spark.jars`).
+the platform's jar and Spark's jars (`pyspark/jars`), and the broker's class path, not
+the jars Spark loads at run time (`spark.jars`). HotSpot maps an archive only into a
+JVM whose class path begins as the archive's did, so every platform Spark JVM puts the
+platform's jar first (spark_jobs/spark.py, `jvm_options`; the standalone cluster's
+daemons, spark_jobs/platform/spark_cluster.py).
 """
 
 from __future__ import annotations
@@ -51,7 +54,10 @@ def _class_path(kind: Kind) -> list[Path]:
     if kind == "spark":
         import pyspark
 
-        return sorted((Path(pyspark.__file__).parent / "jars").glob("*.jar"))
+        from spark_jobs.jvm import operator_jar
+
+        head = operator_jar()  # first on every platform Spark JVM's class path (spark.py: jvm_options)
+        return [*([head] if head else []), *sorted((Path(pyspark.__file__).parent / "jars").glob("*.jar"))]
     from spark_jobs.jvm import module_jars
 
     return module_jars("broker")

@@ -144,10 +144,15 @@ class LocalSparkCluster:
         # this one (in docker, the image's).
         env.setdefault("PYSPARK_PYTHON", sys.executable)
         env.setdefault("SPARK_NO_DAEMONIZE", "1")
-        # The master's and workers' JVMs map the class archive of Spark's jars too.
+        # The master's and workers' JVMs map the class archive of Spark's jars too, which
+        # needs their class path to begin as the archive's (the platform's jar first).
+        from spark_jobs.jvm import operator_jar
         from spark_jobs.jvm.class_archive import jvm_flags
 
         env["SPARK_DAEMON_JAVA_OPTS"] = " ".join([*jvm_flags("spark"), env.get("SPARK_DAEMON_JAVA_OPTS", "")]).strip()
+        if (head := operator_jar()) is not None:
+            env["SPARK_DAEMON_CLASSPATH"] = os.pathsep.join(
+                p for p in (str(head), env.get("SPARK_DAEMON_CLASSPATH", "")) if p)
         return env
 
     def _spawn(self, proc: _Proc) -> None:

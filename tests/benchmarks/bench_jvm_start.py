@@ -1,6 +1,8 @@
 """A platform JVM's start with and without its class-data sharing archive
-(spark_jobs/jvm/class_archive.py): a Spark session (the detection job's, a backtest's,
-an Airflow task's) up to its first small query, and a Kafka broker up to serving.
+(spark_jobs/jvm/class_archive.py): a Spark session (a backtest's, an Airflow task's) up
+to its first small query, the same for a streaming job's session (the detection job's,
+the archive's: its own local file system, so the platform's jar on its class path), and
+a Kafka broker up to serving.
 
 Each start runs in its own process, alternating with and without (`RULES_CDS=off`),
 `--runs` times each; the figures are medians: wall seconds and the JVM's own CPU
@@ -25,8 +27,8 @@ from record import ROOT, append_result  # noqa: E402
 _SPARK = """
 import json, os, time
 t = time.time()
-from spark_jobs.spark import session
-s = session("jvm-start")
+from spark_jobs.spark import local_checkpoint_conf, session
+s = session("jvm-start") if KIND == "spark" else session("jvm-start", streaming=True, extra=local_checkpoint_conf(None))
 s.range(1000).selectExpr("id % 7 as k").groupBy("k").count().collect()
 s.createDataFrame([("a", '{"x": 1}')], "t string, raw string").selectExpr("try_parse_json(raw) v").collect()
 pid = s.sparkContext._gateway.proc.pid
@@ -66,7 +68,8 @@ def main() -> None:
     for kind in KINDS:
         ensure_archive(kind)
     figures: dict[str, float] = {}
-    for kind, script in (("spark", _SPARK), ("broker", _BROKER)):
+    for kind, script in (("spark", _SPARK.replace("KIND", "'spark'")),
+                         ("streaming", _SPARK.replace("KIND", "'streaming'")), ("broker", _BROKER)):
         runs: dict[bool, list[dict]] = {True: [], False: []}
         for _ in range(args.runs):
             for archive in (True, False):

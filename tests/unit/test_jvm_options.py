@@ -68,3 +68,27 @@ def test_the_class_archive_comes_first_where_set_up_wrote_one(monkeypatch, tmp_p
     monkeypatch.setenv("RULES_CDS_DUMP", f"spark:{tmp_path / 'new.jsa'}")
     monkeypatch.delenv("RULES_CDS")
     assert jvm_options({})[SIDES[0]].split()[0] == f"-XX:ArchiveClassesAtExit={tmp_path / 'new.jsa'}"
+
+
+def test_the_platforms_jar_heads_every_class_path_the_archive_was_written_with(monkeypatch, tmp_path):
+    """HotSpot maps a class archive only into a JVM whose class path begins as the
+    archive's did. The streaming jobs need the platform's jar on their class path (their
+    local file system), so it comes first for every platform Spark JVM, before any
+    class path the caller gives, the cluster's daemons included, and the archive's
+    name changes with it."""
+    from spark_jobs.jvm.class_archive import archive_path
+    from spark_jobs.platform.spark_cluster import LocalSparkCluster
+
+    monkeypatch.setenv("RULES_JARS_DIR", str(tmp_path))
+    monkeypatch.delenv("SPARK_DAEMON_CLASSPATH", raising=False)
+    assert "spark.driver.extraClassPath" not in jvm_options({})  # not built: nothing to put first
+    without = archive_path("spark")
+    jar = tmp_path / "spark" / "rule-platform-keyed-operator.jar"
+    jar.parent.mkdir()
+    jar.write_bytes(b"PK")
+    for conf in (jvm_options({}), jvm_options({}, streaming=True)):
+        assert (conf["spark.driver.extraClassPath"], conf["spark.executor.extraClassPath"]) == (str(jar), str(jar))
+    given = jvm_options({"spark.driver.extraClassPath": f"/opt/a.jar:{jar}"})
+    assert given["spark.driver.extraClassPath"] == f"{jar}:/opt/a.jar"
+    assert LocalSparkCluster(tmp_path / "cluster")._env()["SPARK_DAEMON_CLASSPATH"] == str(jar)
+    assert archive_path("spark") != without
