@@ -216,12 +216,14 @@ BENCHES = {
     "jvm_start": Bench(
         "bench_jvm_start.py",
         "A platform JVM's start with and without its class-data sharing archive (spark_jobs/jvm/class_archive.py, "
-        "written by set-up): a Spark session up to its first small query, a Kafka broker up to serving; medians "
-        "of alternating runs, wall seconds and the JVM's own CPU seconds.",
+        "written by set-up): a Spark session up to its first small query, the same for a streaming job's session "
+        "(the detection and archive jobs': the platform's jar on its class path), a Kafka broker up to serving; "
+        "medians of alternating runs, wall seconds and the JVM's own CPU seconds.",
         f"{PY}bench_jvm_start.py",
         [("runs", "runs")],
         [("spark_archive_wall_s", "Spark wall s"), ("spark_none_wall_s", "without"),
          ("spark_archive_cpu_s", "Spark CPU s"), ("spark_none_cpu_s", "without"),
+         ("streaming_archive_cpu_s", "streaming job CPU s"), ("streaming_none_cpu_s", "without"),
          ("broker_archive_wall_s", "broker wall s"), ("broker_none_wall_s", "without"),
          ("broker_archive_cpu_s", "broker CPU s"), ("broker_none_cpu_s", "without")]),
     "real_time_mode": Bench(
