@@ -3,7 +3,8 @@ command) and samples every process on the machine every 2 s, then sums each proc
 CPU time (user + system, from its own start or from the first sample) by what it is:
 the Spark JVMs by who started them (the detection job, the archive job, a Connect
 server, an Airflow task, a test's own session), the Kafka brokers, Airflow's
-components, pytest's workers, the rest.
+components by role (scheduler, DAG processor, API server, triggerer, the executor's
+workers, the tasks), pytest's workers, the rest.
 
     .venv/bin/python tests/benchmarks/bench_suite_cpu.py              # make test
     .venv/bin/python tests/benchmarks/bench_suite_cpu.py -- make test ARGS='-k conformance'
@@ -17,6 +18,7 @@ not waits, are what a shorter run must remove.
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import threading
@@ -31,6 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from record import ROOT, append_result  # noqa: E402
 
 SAMPLE_S = 2.0
+# Environment variables a row names when set: the class archive off (RULES_CDS=off) and
+# the JVMs' own options.
+ENV_NOTED = ("RULES_CDS", "JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS")
 
 
 @dataclass
@@ -81,6 +86,20 @@ def _owner(seen_by_pid: dict[int, Seen], ppid: int) -> str:
     return "other"
 
 
+# Airflow's processes by the title they set (`airflow <command>`, and its task processes'
+# `airflow task supervisor: ...`, `airflow task runner: ...`, `airflow worker -- ...`).
+AIRFLOW_ROLES = (("task runner", "tasks"), ("task supervisor", "tasks"), ("dag-processor", "DAG processor"),
+                 ("dag_processor", "DAG processor"), ("scheduler", "scheduler"), ("api-server", "API server"),
+                 ("api_server", "API server"), ("triggerer", "triggerer"), ("worker", "executor"))
+
+
+def _airflow_role(cmdline: str) -> str:
+    for word, role in AIRFLOW_ROLES:
+        if word in cmdline:
+            return role
+    return "other"
+
+
 def component(s: Seen, seen_by_pid: dict[int, Seen]) -> str:
     c = s.cmdline
     if "java" in c.split(" ", 1)[0]:
@@ -92,7 +111,7 @@ def component(s: Seen, seen_by_pid: dict[int, Seen]) -> str:
             return "Spark: standalone cluster"
         return "other JVMs"
     if "airflow" in c and "xdist" not in c and "pytest" not in c:
-        return "Airflow (Python)"
+        return "Airflow: " + _airflow_role(c)
     if "xdist" in c or "pytest" in c:
         return "pytest workers"
     if "spark_jobs.cli" in c:
@@ -145,7 +164,9 @@ def main() -> int:
     figures = {"wall_s": round(wall), "cpu_s": round(total), "busy": round(total / (wall * cores), 2),
                "exit_code": code, "cpu_by_component_s": {k: round(v) for k, v in cpu.most_common()},
                "largest": [f"{k} {v:.0f}" for k, v in cpu.most_common(6)]}
-    append_result("suite_cpu", figures, tested=" ".join(argv))
+    # The settings that change what the JVMs do, when the run was given any.
+    given = {k: os.environ[k] for k in ENV_NOTED if k in os.environ}
+    append_result("suite_cpu", figures, tested=" ".join(argv), **({"env": given} if given else {}))
     return code
 
 

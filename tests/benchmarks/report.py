@@ -168,7 +168,7 @@ BENCHES = {
         "sampled every 2 s, CPU seconds summed by component (Spark JVMs by who started them, brokers, "
         "Airflow, pytest); busy is CPU seconds over wall seconds times cores.",
         ".venv/bin/python tests/benchmarks/bench_suite_cpu.py",
-        [("tested", "command")],
+        [("tested", "command"), ("env", "environment")],
         [("exit_code", "exit"), ("wall_s", "wall s"), ("cpu_s", "CPU s"), ("busy", "busy"),
          ("largest", "largest parts, CPU s")]),
     "idle_job": Bench(
@@ -278,6 +278,8 @@ def _cell(value: object) -> str:
         return f"{value:,}" if abs(value) >= 10_000 else str(value)
     if isinstance(value, list):
         return ", ".join(_cell(v) for v in value)
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={_cell(v)}" for k, v in value.items())
     return str(value).replace("|", "\\|").replace("\n", " ")
 
 
