@@ -4,7 +4,7 @@ CPU time (user + system, from its own start or from the first sample) by what it
 the Spark JVMs by who started them (the detection job, the archive job, a Connect
 server, an Airflow task, a test's own session), the Kafka brokers, Airflow's
 components by role (scheduler, DAG processor, API server, triggerer, the executor's
-workers, the tasks), pytest's workers, the rest.
+workers, the tasks, a test's `airflow dags test`), pytest's workers, the rest.
 
     .venv/bin/python tests/benchmarks/bench_suite_cpu.py              # make test
     .venv/bin/python tests/benchmarks/bench_suite_cpu.py -- make test ARGS='-k conformance'
@@ -87,8 +87,10 @@ def _owner(seen_by_pid: dict[int, Seen], ppid: int) -> str:
 
 
 # Airflow's processes by the title they set (`airflow <command>`, and its task processes'
-# `airflow task supervisor: ...`, `airflow task runner: ...`, `airflow worker -- ...`).
-AIRFLOW_ROLES = (("task runner", "tasks"), ("task supervisor", "tasks"), ("dag-processor", "DAG processor"),
+# `airflow task supervisor: ...`, `airflow task runner: ...`, `airflow worker -- ...`);
+# the tests also run whole DAGs in one process (`airflow dags test`).
+AIRFLOW_ROLES = (("task runner", "tasks"), ("task supervisor", "tasks"), ("dags test", "dags test"),
+                 ("db migrate", "db migrate"), ("dag-processor", "DAG processor"),
                  ("dag_processor", "DAG processor"), ("scheduler", "scheduler"), ("api-server", "API server"),
                  ("api_server", "API server"), ("triggerer", "triggerer"), ("worker", "executor"))
 

@@ -21,6 +21,7 @@ PY = "/work/.venv/bin/python3"
     ("airflow worker -- LocalExecutor: <idle>", "Airflow: executor"),
     ("airflow task supervisor: ['airflow', 'tasks', 'run', 'rule_release']", "Airflow: tasks"),
     ("airflow task runner: rule_release validate manual__2026", "Airflow: tasks"),
+    (f"{PY} /work/.venv/bin/airflow dags test rule_release -c {{}}", "Airflow: dags test"),
     (f"{PY} -m pytest -n 2 tests", "pytest workers"),
     (f"{PY} -m spark_jobs.cli up --workdir var", "rulectl (Python)"),
 ])
