@@ -125,13 +125,18 @@ def component(s: Seen, seen_by_pid: dict[int, Seen]) -> str:
     return "other"
 
 
-def by_component(seen: dict[tuple[int, float], Seen]) -> Counter[str]:
-    """CPU seconds spent since the first sample, summed by `component`."""
+def by_component(seen: dict[tuple[int, float], Seen]) -> tuple[Counter[str], Counter[str]]:
+    """CPU seconds spent since the first sample, summed by `component`, and how many of
+    its processes took a second of CPU or more: for a JVM component, how many JVMs
+    started, each paying its start-up."""
     by_pid = {pid: s for (pid, _), s in seen.items()}
     cpu: Counter[str] = Counter()
+    count: Counter[str] = Counter()
     for s in seen.values():
-        cpu[component(s, by_pid)] += s.cpu - s.base_cpu
-    return cpu
+        name = component(s, by_pid)
+        cpu[name] += s.cpu - s.base_cpu
+        count[name] += s.cpu - s.base_cpu >= 1.0
+    return cpu, count
 
 
 def main() -> int:
@@ -156,15 +161,16 @@ def main() -> int:
     thread.join()
     sample(seen, first=False)
 
-    cpu = by_component(seen)
+    cpu, count = by_component(seen)
     total = sum(cpu.values())
     cores = psutil.cpu_count() or 1
     print(f"\n{' '.join(argv)}: exit {code}, {wall:.0f} s wall, {total:.0f} CPU s, "
           f"busy {total / (wall * cores):.0%} of {cores} cores")
     for name, secs in cpu.most_common():
-        print(f"  {secs:8.0f} s  {secs / total:5.1%}  {name}")
+        print(f"  {secs:8.0f} s  {secs / total:5.1%}  {name} ({count[name]} processes)")
     figures = {"wall_s": round(wall), "cpu_s": round(total), "busy": round(total / (wall * cores), 2),
                "exit_code": code, "cpu_by_component_s": {k: round(v) for k, v in cpu.most_common()},
+               "processes_by_component": {k: count[k] for k, _ in cpu.most_common() if count[k]},
                "largest": [f"{k} {v:.0f}" for k, v in cpu.most_common(6)]}
     # The settings that change what the JVMs do, when the run was given any.
     given = {k: os.environ[k] for k in ENV_NOTED if k in os.environ}
