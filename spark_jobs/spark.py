@@ -121,12 +121,12 @@ def local_checkpoint_conf(master: str | None) -> dict[str, str]:
     the driver's class path, where `jvm_options` puts it; a cluster's executors keep
     Hadoop's own, as does a driver that spark-submit started (its class path is fixed
     by then)."""
-    from spark_jobs.jvm import operator_jar
+    from spark_jobs.jvm import ensure_jars
 
     conf = dict(LOCAL_CHECKPOINT_CONF)
     master = master or os.environ.get("SPARK_MASTER") or DEFAULT_MASTER
-    if (FORKLESS_LOCAL_FS and master.startswith("local") and not os.environ.get("PYSPARK_GATEWAY_PORT")
-            and operator_jar() is not None):
+    if FORKLESS_LOCAL_FS and master.startswith("local") and not os.environ.get("PYSPARK_GATEWAY_PORT"):
+        ensure_jars()  # built before the session asks for its jars: jvm_options finds the jar
         conf["spark.hadoop.fs.file.impl"] = FORKLESS_LOCAL_FS
     return conf
 

@@ -102,7 +102,7 @@ def spark_jars() -> str:
 def operator_jar() -> Path | None:
     """The platform's own jar where set-up built it, else None (never builds it: a
     session without Kafka must not need Maven). It heads every platform Spark JVM's
-    class path (spark_jobs/spark.py, `class_path_conf`) because the class archive is
+    class path (spark_jobs/spark.py, `jvm_options`) because the class archive is
     only valid for the class path it was written with (spark_jobs/jvm/class_archive.py)."""
     path = jars_dir() / "spark" / OPERATOR_JAR
     return path if path.is_file() else None

@@ -213,6 +213,19 @@ BENCHES = {
          ("jfr", "real-time lane under JDK Flight Recorder")],
         [("micro_batch_job_jvm_cores", "micro-batch: job JVM cores"),
          ("real_time_job_jvm_cores", "real-time lane: job JVM cores")]),
+    "job_start": Bench(
+        "bench_job_start.py",
+        "A detection job's start on a broker with the repository's rules: seconds to its first completed "
+        "micro-batch, its JVM's CPU seconds by then (of it HotSpot's compiler threads, the tasks, the queries' "
+        "threads), its Python driver's, and the JVM's cores idle after it; with the class archive and without, "
+        "alternately, medians.",
+        f"{PY}bench_job_start.py --runs 2 --suite-jit",
+        [("runs", "runs"), ("jit", "JIT")],
+        [("archive_first_batch_s", "first batch s"), ("none_first_batch_s", "without archive"),
+         ("archive_jvm_cpu_s", "JVM CPU s"), ("none_jvm_cpu_s", "without archive"),
+         ("archive_jit_cpu_s", "of it JIT"), ("archive_tasks_cpu_s", "tasks"),
+         ("archive_query_driver_cpu_s", "queries"), ("archive_python_cpu_s", "driver's Python CPU s"),
+         ("archive_idle_cores", "idle cores after")]),
     "jvm_start": Bench(
         "bench_jvm_start.py",
         "A platform JVM's start with and without its class-data sharing archive (spark_jobs/jvm/class_archive.py, "
