@@ -6,8 +6,8 @@ first completed micro-batch, by the JVM's thread groups, and what it spends idle
 A real broker with the repository's rules published and one event a topic; the job (the
 test harness's `DetectJob`, so the suite's settings) starts on a fresh checkpoint, with
 and without the class archive alternately (`RULES_CDS=off`), `--runs` times each. The
-test suite starts dozens of these, most of them idle after their first batches, so
-their start-up is most of the suite's detection-job CPU (`bench_suite_cpu.py`).
+test suite starts dozens of these; set against `bench_suite_cpu.py`'s CPU and process
+count for the detection jobs, it says how much of their CPU is start-up.
 `--suite-jit` gives the JVMs the suite's JIT setting (tests/conftest.py: C1 only).
 """
 
@@ -21,6 +21,7 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
+from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "benchmarks"), str(ROOT)]
@@ -44,21 +45,14 @@ def _groups(jvm: int) -> Counter[str]:
 
 
 def one_start(bootstrap: str, work: Path, archive: bool, idle_s: float) -> dict:
-    saved = os.environ.get("RULES_CDS")
-    if archive:
+    with mock.patch.dict(os.environ):  # the job inherits this process's environment
         os.environ.pop("RULES_CDS", None)
-    else:
-        os.environ["RULES_CDS"] = "off"
-    try:
+        if not archive:
+            os.environ["RULES_CDS"] = "off"
         job = DetectJob(bootstrap, work)
         t0 = time.monotonic()
         job.start(timeout=300)  # returns once the status shows a completed micro-batch
         first_batch = time.monotonic() - t0
-    finally:
-        if saved is None:
-            os.environ.pop("RULES_CDS", None)
-        else:
-            os.environ["RULES_CDS"] = saved
     assert job.proc is not None
     driver = psutil.Process(job.proc.pid)
     jvm = next(q.pid for q in driver.children(recursive=True) if q.name() == "java")
