@@ -41,6 +41,36 @@ def demo_inputs() -> dict[str, Path]:
     return {"events.raw": d / "events.raw.jsonl", "context.raw": d / "context.raw.jsonl"}
 
 
+# ----------------------------------------------------------------------------- Spark Connect
+
+
+@pytest.fixture(scope="module")
+def connect_server(tmp_path_factory):
+    """`rulectl connect`, as a user (or `rulectl up`) starts it: one server for a module's
+    backtests, each a client of it instead of a Spark of its own."""
+    import subprocess
+
+    import psutil
+    from detect_harness import wait_port
+
+    from spark_jobs.kafka.broker import free_port
+
+    port = free_port()
+    log = tmp_path_factory.mktemp("connect") / "connect.log"
+    server = subprocess.Popen([sys.executable, "-m", "spark_jobs.cli", "connect", "--port", str(port)],
+                              stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    try:
+        wait_port(port, server, "rulectl connect")
+        # The server is a batch JVM: the platform's options are on its command line.
+        jvm = [c.cmdline() for c in psutil.Process(server.pid).children(recursive=True)
+               if c.name() == "java" and any(a.endswith(".SparkConnectServer") for a in c.cmdline())]
+        assert len(jvm) == 1 and {"-XX:-DontCompileHugeMethods", "-XX:+UseParallelGC"} <= set(jvm[0])
+        yield f"sc://127.0.0.1:{port}"
+    finally:
+        server.terminate()
+        server.wait(60)
+
+
 # ----------------------------------------------------------------------------- Kafka (embedded broker)
 # Owned by the Kafka I/O area (spark_jobs/kafka). Tests that use `kafka_broker` are
 # marked `kafka` automatically, so `pytest -m "not kafka"` skips them.

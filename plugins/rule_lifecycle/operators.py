@@ -8,7 +8,7 @@ import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.providers.common.compat.sdk import AirflowSkipException, BaseOperator
@@ -16,6 +16,9 @@ from airflow.providers.standard.operators.hitl import ApprovalOperator
 
 from rule_lifecycle.hooks import RuleSparkSubmitHook, RulesTopicHook
 from spark_jobs.rules.model import shadow_id
+
+if TYPE_CHECKING:
+    from spark_jobs.lifecycle.settings import LifecycleSettings
 
 
 class PublishRulesOperator(BaseOperator):
@@ -93,11 +96,14 @@ def _ids(items: Any) -> list[str]:
 
 
 class RuleBacktestOperator(SparkSubmitOperator):
-    """Submit the backtest (`spark_jobs/backtest/submit.py`) with spark-submit.
+    """Submit the backtest (`spark_jobs/backtest/submit.py`) with spark-submit, or run it
+    on the platform's Spark Connect server when the plan names one.
 
     A thin SparkSubmitOperator: the application and its arguments come from a backtest
-    plan (rules dir, `--only` rule ids, output dir) and the history inputs, both usually
-    XComArgs; the master comes from the Spark connection, or `local[2]` without one.
+    plan (rules dir, `--only` rule ids, output dir, the server) and the history inputs,
+    both usually XComArgs; the master comes from the Spark connection, or `local[2]`
+    without one. With a server the same application runs as its client in the task's
+    process (`spark_remote` in the lifecycle settings; decision 0003).
     Skips when the plan names no rule (e.g. the published side of a release of new rules).
 
     :param backtest: {"rules_dir", "out_dir", "only"}.
@@ -130,6 +136,39 @@ class RuleBacktestOperator(SparkSubmitOperator):
         s = LifecycleSettings.from_dict(self.settings)
         shutil.rmtree(spec["out_dir"], ignore_errors=True)
         self.application_args = backtest_args(spec, self.inputs, s.time_field, s.sink_topic)
+        if spec.get("remote"):
+            self._run_on_server(spec["remote"])
+        else:
+            self._submit(context, s)
+        summary_path = Path(spec["out_dir"]) / "summary.json"
+        if not summary_path.exists():
+            raise RuntimeError(f"the backtest wrote no {summary_path}")
+        import json
+
+        summary = json.loads(summary_path.read_text())
+        self.log.info("Backtest: %s detection(s), %s dead letter(s)", summary.get("detections"), summary.get("dead_letter"))
+        return {"out_dir": spec["out_dir"], "detections": summary.get("detections")}
+
+    def _run_on_server(self, remote: str) -> None:
+        """The backtest as a client of a running Spark Connect server, in this task's
+        process. A spark-submit would start a driver JVM only to host the Python that
+        talks to the server: a JVM start per backtest, the cost the warm server is there
+        to save."""
+        from spark_jobs.backtest.submit import main
+
+        self._remote = remote
+        self.log.info("Backtest on the Spark Connect server %s: %s", remote, " ".join(self.application_args))
+        code = main(self.application_args)
+        if code:
+            raise RuntimeError(f"the backtest on {remote} failed (exit code {code}); its error is above")
+
+    def on_kill(self) -> None:
+        if getattr(self, "_remote", None):
+            return  # the backtest ran in the task's own process: nothing else to stop
+        super().on_kill()
+
+    def _submit(self, context: Any, s: LifecycleSettings) -> None:
+        """spark-submit of the backtest application through the provider's hook."""
         from spark_jobs.spark import jvm_options, submit_jars_and_conf
 
         jars, delta_conf = submit_jars_and_conf()
@@ -152,14 +191,6 @@ class RuleBacktestOperator(SparkSubmitOperator):
             self.env_vars["SPARK_LOCAL_IP"] = "127.0.0.1"
             self._hook = self._make_hook(s.spark_master)
         super().execute(context)
-        summary_path = Path(spec["out_dir"]) / "summary.json"
-        if not summary_path.exists():
-            raise RuntimeError(f"the backtest wrote no {summary_path}")
-        import json
-
-        summary = json.loads(summary_path.read_text())
-        self.log.info("Backtest: %s detection(s), %s dead letter(s)", summary.get("detections"), summary.get("dead_letter"))
-        return {"out_dir": spec["out_dir"], "detections": summary.get("detections")}
 
     def _make_hook(self, default_master: str) -> RuleSparkSubmitHook:
         """The provider's hook, with `default_master` instead of YARN when no connection exists."""

@@ -88,6 +88,9 @@ def run(args: argparse.Namespace) -> int:
     except BacktestError as exc:
         print(f"rulectl backtest: {exc}", file=sys.stderr)
         return 1
+    finally:
+        if remote:
+            spark.stop()  # this client's session on the server (not the server); a task runs it in-process
     print(json.dumps({k: summary[k] for k in ("detections", "dead_letter", "duration_s")}))
     print(f"wrote {args.out}/detections.jsonl, summary.json, dead_letter.jsonl")
     return 0

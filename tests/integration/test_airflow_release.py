@@ -1,6 +1,7 @@
 """The rule lifecycle on a real Airflow: PostgreSQL metadata DB, a real api-server (REST
-API, UI, plugin), DAG runs executed with `airflow dags test`, Spark through
-SparkSubmitOperator, and a real broker's `rules.active`.
+API, UI, plugin), DAG runs executed with `airflow dags test`, the backtests on a real
+Spark Connect server (`rulectl connect`, as `rulectl up` runs them; spark-submit is
+test_backtest_on_cluster's), and a real broker's `rules.active`.
 
 The tests share one rules repository and run in order: each commit builds on the
 previous one, like a branch's history.
@@ -69,8 +70,9 @@ def topic_records(bootstrap: str, topic: str) -> list:
 class Release:
     """Shared state of the module: repo, settings Variable, broker topic."""
 
-    def __init__(self, af: AirflowEnv, repo: Path, state: Path, bootstrap: str, topic: str) -> None:
+    def __init__(self, af: AirflowEnv, repo: Path, state: Path, bootstrap: str, topic: str, remote: str) -> None:
         self.af, self.repo, self.state, self.bootstrap, self.topic = af, repo, state, bootstrap, topic
+        self.remote = remote  # the Spark Connect server the backtests run on
 
     @property
     def audit_dir(self) -> Path:
@@ -83,7 +85,7 @@ class Release:
 
 
 @pytest.fixture(scope="module")
-def release(airflow_env: AirflowEnv, kafka_broker, tmp_path_factory) -> Release:  # noqa: F811
+def release(airflow_env: AirflowEnv, kafka_broker, connect_server, tmp_path_factory) -> Release:  # noqa: F811
     """A rules repo with the demo rules, published to a fresh topic (the state before the tests)."""
     from spark_jobs.kafka.publisher import publish_rules
     from spark_jobs.rules.loader import load_rules
@@ -107,6 +109,7 @@ def release(airflow_env: AirflowEnv, kafka_broker, tmp_path_factory) -> Release:
         "state_dir": str(state),
         "bootstrap": kafka_broker.bootstrap,
         "rules_topic": topic,
+        "spark_remote": connect_server,
         "history_inputs": {
             "events.raw": str(ROOT / "tests" / "data" / "demo" / "events.raw.jsonl"),
             "context.raw": str(ROOT / "tests" / "data" / "demo" / "context.raw.jsonl"),
@@ -114,7 +117,7 @@ def release(airflow_env: AirflowEnv, kafka_broker, tmp_path_factory) -> Release:
     }
     # The way an operator configures it: an Airflow Variable, through the REST API.
     airflow_env.api("POST", "/variables", {"key": "rule_lifecycle", "value": json.dumps(settings)})
-    return Release(airflow_env, repo, state, kafka_broker.bootstrap, topic)
+    return Release(airflow_env, repo, state, kafka_broker.bootstrap, topic, connect_server)
 
 
 def test_dags_import_without_errors(airflow_env: AirflowEnv) -> None:  # noqa: F811
@@ -217,6 +220,11 @@ def test_release_waits_for_approval_then_publishes_exactly_the_changed_rule(rele
     states = af.task_states("rule_release", run_id)
     assert states["backtest_candidate"] == "success" and states["backtest_published"] == "success"
     assert states["publish"] is None  # nothing published while waiting
+    # Both backtests ran as clients of the warm server, in their tasks: no spark-submit,
+    # no JVM of their own (`airflow dags test` runs tasks in-process: their logs are its output).
+    said = run.output()
+    assert said.count(f"Backtest on the Spark Connect server {release.remote}") == 2, said[-4000:]
+    assert "Spark-Submit cmd" not in said, said[-4000:]
     # The approvers were notified (embedded default: a private JSON Lines file).
     notes = release.state / "notifications" / "approvals.jsonl"
     assert notes.stat().st_mode & 0o777 == 0o600

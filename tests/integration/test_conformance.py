@@ -16,14 +16,12 @@ import copy
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import psutil
 import pytest
 from conformance.vectors import check, format_problems, load_vectors
-from detect_harness import DetectJob, wait_port
+from detect_harness import DetectJob
 
 from spark_jobs.backtest.inputs import InputSpec
 from spark_jobs.backtest.runner import BacktestConfig, HistoryWindow, run_backtest
@@ -111,25 +109,6 @@ def test_an_altered_expectation_fails(classic_output):
             break
         assert VECTORS[i] is v
     assert altered >= 20
-
-
-@pytest.fixture(scope="module")
-def connect_server(tmp_path_factory) -> Iterator[str]:  # noqa: ANN001
-    """`rulectl connect`, as a user starts it: one server for this module's backtests."""
-    port = free_port()
-    log = tmp_path_factory.mktemp("connect") / "connect.log"
-    server = subprocess.Popen([sys.executable, "-m", "spark_jobs.cli", "connect", "--port", str(port)],
-                              stdout=log.open("wb"), stderr=subprocess.STDOUT)
-    try:
-        wait_port(port, server, "rulectl connect")
-        # The server is a batch JVM: the platform's options are on its command line.
-        jvm = [c.cmdline() for c in psutil.Process(server.pid).children(recursive=True)
-               if c.name() == "java" and any(a.endswith(".SparkConnectServer") for a in c.cmdline())]
-        assert len(jvm) == 1 and {"-XX:-DontCompileHugeMethods", "-XX:+UseParallelGC"} <= set(jvm[0])
-        yield f"sc://127.0.0.1:{port}"
-    finally:
-        server.terminate()
-        server.wait(60)
 
 
 def _remote_backtest(remote: str, rules: Path, args: list[str], out: Path) -> None:
