@@ -1,8 +1,9 @@
 """backtest_report: the published rule set over the last day of history, every day.
 
 Reads the live rules from `rules.active`, checks the history with Great Expectations,
-backtests on Spark (SparkSubmitOperator) and keeps a dated report per run under
-`<report_dir>/backtest_report/<YYYY-MM-DD>/`, shown in the run's "Backtest report" tab.
+backtests on Spark (the platform's Spark Connect server, else SparkSubmitOperator) and
+keeps a dated report per run under `<report_dir>/backtest_report/<YYYY-MM-DD>/`, shown
+in the run's "Backtest report" tab.
 Schedule: RULE_BACKTEST_REPORT_SCHEDULE (default @daily). Logic: spark_jobs.lifecycle.
 """
 

@@ -46,7 +46,9 @@ def plan_scheduled(
         "report_dir": str(rdir),
         "report_key": report_key,
         "rules": dict(live_rules),
-        "backtest": {"rules_dir": str(rules_dir), "only": sorted(enabled), "out_dir": str(work / "backtest")},
+        # On the platform's warm Spark when it has one, as a release's backtests.
+        "backtest": {"rules_dir": str(rules_dir), "only": sorted(enabled), "out_dir": str(work / "backtest"),
+                     "remote": settings.remote_url()},
     }
 
 

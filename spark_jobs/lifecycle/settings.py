@@ -96,7 +96,7 @@ class LifecycleSettings:
             "spark.sql.session.timeZone": "UTC",
         }
     )
-    # Where a release's history check and backtests run: "auto" = the Spark Connect
+    # Where the history checks and backtests of releases and daily reports run: "auto" = the Spark Connect
     # server of the `rulectl up` this Airflow belongs to (found through its state file,
     # $RULES_PLATFORM_STATE) when it is running, else Spark started by each task;
     # "local" = always Spark started by each task; "sc://HOST:PORT" = that server. A

@@ -466,6 +466,7 @@ def test_scheduled_backtest_report_keeps_a_dated_report(release: Release) -> Non
     af = release.af
     run = af.start_dag_test("backtest_report", log_name="backtest-report")
     assert run.wait() == 0, run.output()[-5000:]
+    assert f"Backtest on the Spark Connect server {release.remote}" in run.output(), run.output()[-4000:]
     dag_run = af.latest_run("backtest_report")
     assert dag_run["state"] == "success", run.output()[-5000:]
     run_id = dag_run["dag_run_id"]

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 from cluster_helpers import free_block, wait_until
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
+from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_fixed
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -114,11 +115,20 @@ def _restart_node(data: Path, node: int, tmp_path: Path) -> subprocess.Popen:
     return subprocess.Popen(b._java("kafka.Kafka", str(config), heap="512m"), stdout=out, stderr=subprocess.STDOUT)
 
 
+def _leader_moved(exc: BaseException) -> bool:
+    return isinstance(exc, KafkaException) and exc.args[0].code() in (KafkaError.NOT_LEADER_FOR_PARTITION,
+                                                                      KafkaError.LEADER_NOT_AVAILABLE)
+
+
 def _read_values(bootstrap: str) -> list[int]:
     """Every record of the topic, from a plain consumer (not the platform's readers)."""
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"oracle-{time.time()}", "enable.auto.commit": False,
                   "auto.offset.reset": "earliest", "enable.partition.eof": True})
-    lo, hi = c.get_watermark_offsets(TopicPartition(TOPIC, 0), timeout=10)
+    # The rejoined node may take its preferred leadership back while this asks: a
+    # retriable NOT_LEADER_FOR_PARTITION, asked again (seen with three test workers).
+    lo, hi = Retrying(retry=retry_if_exception(_leader_moved),
+                      stop=stop_after_delay(60), wait=wait_fixed(1), reraise=True)(
+        c.get_watermark_offsets, TopicPartition(TOPIC, 0), timeout=10)
     c.assign([TopicPartition(TOPIC, 0, lo)])
     out: list[int] = []
     deadline = time.monotonic() + 60
