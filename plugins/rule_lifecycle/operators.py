@@ -106,7 +106,7 @@ class RuleBacktestOperator(SparkSubmitOperator):
     process (`spark_remote` in the lifecycle settings; decision 0003).
     Skips when the plan names no rule (e.g. the published side of a release of new rules).
 
-    :param backtest: {"rules_dir", "out_dir", "only"}.
+    :param backtest: {"rules_dir", "out_dir", "only", "remote": a Spark Connect URL or None}.
     :param inputs: topic -> history path, or {"@archive": {"table", "from", "to"}} (a window of the
         event archive; `spark_jobs.lifecycle.release.backtest_args`).
     :param settings: lifecycle settings dict (time field, sink topic, Spark conf/master).
