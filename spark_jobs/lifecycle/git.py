@@ -10,8 +10,11 @@ repositories, so `rulectl validate --base` can look at the base commit in them.
 
 from __future__ import annotations
 
+import fcntl
 import shutil
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -36,17 +39,29 @@ def _env() -> dict[str, str]:
     return env
 
 
+@contextmanager
+def _mirror_lock(mirror: Path) -> Iterator[None]:
+    """One writer of the mirror at a time. Several runs' tasks sync it at once (the
+    release sensor polls while another run validates); two git processes writing its
+    config or refs together make one fail ("could not lock config file")."""
+    mirror.parent.mkdir(parents=True, exist_ok=True)
+    with mirror.with_name(mirror.name + ".lock").open("a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)  # released when the file closes
+        yield
+
+
 def sync_mirror(repo: str, mirror: Path) -> Path:
     """Create or update the bare mirror of `repo`; returns the mirror path."""
-    if (mirror / "HEAD").exists():
-        git(mirror, "remote", "set-url", "origin", repo)
-        git(mirror, "fetch", "--prune", "--quiet", "origin")
-    else:
-        mirror.parent.mkdir(parents=True, exist_ok=True)
-        tmp = mirror.with_name(mirror.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        git(None, "clone", "--mirror", "--quiet", repo, str(tmp))
-        tmp.rename(mirror)
+    with _mirror_lock(mirror):
+        if (mirror / "HEAD").exists():
+            if git(mirror, "config", "--get", "remote.origin.url", check=False).strip() != repo:
+                git(mirror, "remote", "set-url", "origin", repo)
+            git(mirror, "fetch", "--prune", "--quiet", "origin")
+        else:
+            tmp = mirror.with_name(mirror.name + ".tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            git(None, "clone", "--mirror", "--quiet", repo, str(tmp))
+            tmp.rename(mirror)
     return mirror
 
 
