@@ -96,12 +96,12 @@ class LifecycleSettings:
             "spark.sql.session.timeZone": "UTC",
         }
     )
-    # Where the history checks and backtests of releases and daily reports run: "auto" = the Spark Connect
-    # server of the `rulectl up` this Airflow belongs to (found through its state file,
-    # $RULES_PLATFORM_STATE) when it is running, else Spark started by each task;
-    # "local" = always Spark started by each task; "sc://HOST:PORT" = that server. A
-    # warm server saves each task a JVM start and a cold JIT, most of a release's time
-    # on a small machine. Not a run param: a trigger must not send the work elsewhere.
+    # Where the history checks and backtests of releases and daily reports run: "auto" =
+    # the Spark Connect server of the `rulectl up` this Airflow belongs to (found through
+    # its state file, $RULES_PLATFORM_STATE) when it is running, else Spark started by
+    # each task; "local" = always Spark started by each task; "sc://HOST:PORT" = that
+    # server. A warm server saves each task a JVM start and a cold JIT, most of a
+    # release's time on a small machine. Not a run param: a trigger must not send the work elsewhere.
     spark_remote: str = "auto"
     # A history window of at most this many records is checked by Great Expectations'
     # pandas engine on the columns Spark read (collected to the task), above it by GX on
