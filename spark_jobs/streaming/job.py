@@ -87,6 +87,12 @@ STATE_STORE = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreP
 # The principal the job's every Kafka client acts as (spark_jobs/kafka/security.py):
 # reads every topic, writes its outputs, may not write rules.active.
 ROLE = "detector"
+# The real-time lane's consumers wait at the broker for their next record (Kafka's
+# default 500 ms) instead of the micro-batch reads' 10 ms (spark_io._source_options): a
+# lane task polls for as long as its batch lasts, and with 10 ms every idle partition
+# sent about a hundred fetches a second. The broker answers a waiting fetch as soon as
+# a record arrives, so the wait adds no latency (bench_lane_idle.py, bench_lanes.py).
+LANE_FETCH = {"kafka.fetch.max.wait.ms": "500"}
 
 
 @dataclass
@@ -279,7 +285,8 @@ def _input(spark: SparkSession, cfg: DetectConfig, topics: list[str], min_partit
         # A micro-batch of one busy topic partition is split into several tasks, so
         # parsing and the rules use every core.
         min_partitions=None if real_time else min_partitions or None,
-        options=None if cfg.fail_on_data_loss else {"failOnDataLoss": "false"},
+        options={**({} if cfg.fail_on_data_loss else {"failOnDataLoss": "false"}),
+                 **(LANE_FETCH if real_time else {})},
         role=ROLE,
     )
     # `in_topic`/`route_from` tell a record of the source from a velocity emit routed to

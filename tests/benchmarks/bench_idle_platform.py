@@ -68,7 +68,8 @@ def main() -> None:
             wall = time.monotonic() - started
         finally:
             stop_platform(proc)
-    cores = {name: cpu / wall for name, cpu in by_component(seen).items()}
+    cpu_by_component, _ = by_component(seen)
+    cores = {name: cpu / wall for name, cpu in cpu_by_component.items()}
     total = sum(cores.values())
     print(f"idle platform: {total:.2f} cores over {wall:.0f} s")
     for name, c in sorted(cores.items(), key=lambda x: -x[1]):

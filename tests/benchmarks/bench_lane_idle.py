@@ -3,7 +3,7 @@ of source partitions: the real-time lane keeps one task per partition running, t
 micro-batch query runs nothing while no record arrives.
 
 One broker; `--topics` topics of one partition, a threshold rule on each, no events.
-After `--warmup` seconds, the job JVM's CPU over `--seconds` (cores), for each lane and
+After `--warmup` seconds, the job JVM's and the broker's CPU over `--seconds` (cores), for each lane and
 topic count, one after the other. `--jfr` also records the real-time lane's window with
 JDK Flight Recorder (jfr_profile.py): per thread group, where its samples land; its cores
 are then the lane's under the recorder.
@@ -25,20 +25,24 @@ import jfr_profile  # noqa: E402
 from bench_idle_job import THREAD_GROUPS, _cpu, job_jvm  # noqa: E402
 from record import append_result  # noqa: E402
 
+from spark_jobs.streaming.job import LANE_FETCH  # noqa: E402
 
-def idle_cores(bootstrap: str, lane: str, work: Path, args: argparse.Namespace,
-               profile: dict | None = None) -> float:
-    """The job JVM's cores over the window; with `profile` (a dict), JFR records the
-    window and its summary goes there."""
+
+def idle_cores(bootstrap: str, broker: int, lane: str, work: Path, args: argparse.Namespace,
+               profile: dict | None = None) -> tuple[float, float]:
+    """The job JVM's and the broker's cores over the window (the broker's: serving the
+    job's idle consumers); with `profile` (a dict), JFR records the window and its
+    summary goes there."""
     with job_jvm(["-m", "spark_jobs.cli", "detect", "--bootstrap", bootstrap, "--checkpoint", str(work / "checkpoint"),
                   "--threshold-lane", lane]) as jvm:
         time.sleep(args.warmup)
-        c0, t0 = _cpu(jvm), time.monotonic()
+        c0, b0, t0 = _cpu(jvm), _cpu(broker), time.monotonic()
         if profile is not None:
             profile.update(jfr_profile.record(jvm, args.seconds, THREAD_GROUPS))
         else:
             time.sleep(args.seconds)
-        return round((_cpu(jvm) - c0) / (time.monotonic() - t0), 3)
+        wall = time.monotonic() - t0
+        return round((_cpu(jvm) - c0) / wall, 3), round((_cpu(broker) - b0) / wall, 3)
 
 
 def main() -> None:
@@ -64,13 +68,15 @@ def main() -> None:
                            for t in topics], broker.bootstrap)
             profile: dict | None = {} if args.jfr else None
             for lane in ("micro-batch", "real-time"):
-                figures[f"{lane.replace('-', '_')}_job_jvm_cores"] = idle_cores(
-                    broker.bootstrap, lane, Path(tmp) / lane, args, profile if lane == "real-time" else None)
+                name = lane.replace("-", "_")
+                assert broker.pid is not None
+                figures[f"{name}_job_jvm_cores"], figures[f"{name}_broker_cores"] = idle_cores(
+                    broker.bootstrap, broker.pid, lane, Path(tmp) / lane, args, profile if lane == "real-time" else None)
         print(f"{n} partitions: {figures}")
         if profile:
             print(json.dumps(profile, indent=1))
         append_result("lane_idle", {**figures, **({"profile": profile} if profile else {})}, partitions=n,
-                      seconds=args.seconds, jfr=args.jfr)
+                      seconds=args.seconds, jfr=args.jfr, lane_fetch_wait_ms=int(LANE_FETCH["kafka.fetch.max.wait.ms"]))
 
 
 if __name__ == "__main__":

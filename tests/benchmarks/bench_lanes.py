@@ -49,6 +49,7 @@ from spark_jobs.kafka.admin import create_topics, topic_partitions  # noqa: E402
 from spark_jobs.kafka.broker import EmbeddedBroker, free_port  # noqa: E402
 from spark_jobs.kafka.publisher import publish_rules  # noqa: E402
 from spark_jobs.rules.model import parse_rule  # noqa: E402
+from spark_jobs.streaming.job import LANE_FETCH  # noqa: E402
 
 BENCH_RULES = 62  # bench_backtest.make_rules: 50 threshold, 10 velocity, 2 correlation
 
@@ -204,6 +205,10 @@ def main() -> None:
             job = DetectJob(bs, work / f"job-{n}",
                             extra_args=("--threshold-lane", "real-time", "--starting-offsets", "latest"))
             job.start(timeout=300)
+            # Warm windows (warmup.py) fill from the floors' events first; a velocity rule
+            # judges from the batch after its window is in, so the measurement waits for that.
+            job.wait_for(lambda s: all(w.get("state") != "loading" for w in (s.get("warm_windows") or {}).values()),
+                         timeout=900)
             batches: dict[int, dict] = {}
             sampling = threading.Event()
             sampler = threading.Thread(target=sample_batches, args=(job, sampling, batches), daemon=True)
@@ -237,7 +242,8 @@ def main() -> None:
             "threshold_p99_over_together": row["threshold_p99_over_together"],
             "velocity_p99_over_together": row["velocity_p99_over_together"],
             **row["keyed_batches"],
-        }, rate=args.rate, seconds=args.seconds, warmup_s=args.warmup, rules=row["rules"])
+        }, rate=args.rate, seconds=args.seconds, warmup_s=args.warmup, rules=row["rules"],
+           lane_fetch_wait_ms=int(LANE_FETCH["kafka.fetch.max.wait.ms"]))
 
 
 if __name__ == "__main__":

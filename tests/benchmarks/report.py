@@ -207,12 +207,12 @@ BENCHES = {
         "bench_lane_idle.py",
         "An idle detection job (a threshold rule on each of N one-partition topics, no events) with its threshold "
         "rules in the micro-batch query and in the real-time lane, which keeps a task per source partition running: "
-        "the job JVM's cores.",
+        "the job JVM's cores, and the broker's over the same window (later rows).",
         f"{PY}bench_lane_idle.py --topics 2 130",
         [("partitions", "source partitions"), ("seconds", "seconds"),
-         ("jfr", "real-time lane under JDK Flight Recorder")],
-        [("micro_batch_job_jvm_cores", "micro-batch: job JVM cores"),
-         ("real_time_job_jvm_cores", "real-time lane: job JVM cores")]),
+         ("jfr", "real-time lane under JDK Flight Recorder"), ("lane_fetch_wait_ms", "lane's fetch wait ms")],
+        [("micro_batch_job_jvm_cores", "micro-batch: job JVM cores"), ("micro_batch_broker_cores", "broker cores"),
+         ("real_time_job_jvm_cores", "real-time lane: job JVM cores"), ("real_time_broker_cores", "broker cores")]),
     "job_start": Bench(
         "bench_job_start.py",
         "A detection job's start on a broker with the repository's rules: seconds to its first completed "
@@ -255,7 +255,7 @@ BENCHES = {
         "design's floor), and `rulectl detect --threshold-lane real-time` with 62, 300 and 1,000 rules in force; "
         "p99 as a ratio to the floor's alone and run together, and the keyed query's median batch.",
         f"{PY}bench_lanes.py --rate 5000 --seconds 30 --rules 62,300,1000",
-        [("rate", "events/s"), ("rules", "rules")],
+        [("rate", "events/s"), ("rules", "rules"), ("lane_fetch_wait_ms", "lane's fetch wait ms")],
         [("stateless_floor_p99_s", "stateless floor p99 s"), ("threshold_p50_s", "threshold p50 s"),
          ("threshold_p99_s", "threshold p99 s"), ("threshold_p99_over_floor", "threshold p99 / floor"),
          ("keyed_floor_p99_s", "keyed floor p99 s"), ("velocity_p50_s", "velocity p50 s"),
