@@ -260,18 +260,31 @@ def _read(platform: Platform, topic: str) -> list:
     return read_all(platform.bootstrap, topic, timeout=60, role="reader")
 
 
+def _scheduler_saw_the_pause(platform: Platform, detail: dict) -> bool:
+    """Whether the scheduler has taken in the exit of the worker that paused the task to
+    ask (its executor event for that try). An answer that resumes the task before then
+    meets Airflow 3.3.2's race between that event and the resumed try (apache/airflow
+    #67287, fixed after 3.3.2): the scheduler takes the stale event for an external kill,
+    marks the task for retry, and the retry asks again. Under a loaded machine the
+    scheduler took the event in more than 5 s after the pause (a clean-clone run)."""
+    ti = detail["task_instance"]
+    event = (f"Received executor event with state success for task instance TaskInstanceKey(dag_id='rule_release', "
+             f"task_id='{ti['task_id']}', run_id='{ti['dag_run_id']}', try_number={ti['try_number']},")
+    log = platform.workdir / "logs" / "airflow-scheduler.log"
+    return log.exists() and event in log.read_text(errors="replace")
+
+
 def _pending_approval(platform: Platform, timeout: float = 900) -> dict:
-    """The newest approval waiting for an answer, once it has waited a few seconds: an
-    answer given within about a second of the request can reach the task instance before
-    the scheduler has seen its worker pause, and Airflow (3.3) then retries the task,
-    which asks again (seen in this test: "finished with state success, but the task
-    instance's state attribute is queued"). People take longer than that."""
+    """The newest approval waiting for an answer, once it has waited a few seconds and the
+    scheduler has seen its worker pause (`_scheduler_saw_the_pause`). People take longer
+    than that; a test that answers at once must wait for it."""
     deadline = time.monotonic() + timeout
     seen_at: float | None = None
     while time.monotonic() < deadline:
         status, body = platform.api("GET", "/dags/rule_release/dagRuns/~/hitlDetails?response_received=false")
         pending = [d for d in body.get("hitl_details", []) if not d.get("response_received")] if status == 200 else []
-        if pending and seen_at is not None and time.monotonic() - seen_at >= 5:
+        if (pending and seen_at is not None and time.monotonic() - seen_at >= 5
+                and _scheduler_saw_the_pause(platform, pending[-1])):
             return pending[-1]
         seen_at = (seen_at or time.monotonic()) if pending else None
         if pending:
