@@ -17,31 +17,30 @@ class _Stop(Exception):
     pass
 
 
-@pytest.mark.parametrize(("real_time", "wait_ms"), [(False, "10"), (True, "500")])
-def test_each_query_waits_its_own_time_for_a_fetch(monkeypatch, real_time, wait_ms):
+def _source_options_of(monkeypatch, cfg: job.DetectConfig, *, real_time: bool) -> tuple[dict, dict]:
+    """The options `_input` gives `read_stream`, and the Kafka source's options they make."""
+    from spark_jobs.kafka.spark_io import _source_options
+
     seen: dict = {}
 
     def fake_read_stream(spark, bootstrap, topics, **kw):  # noqa: ANN001, ANN003
-        from spark_jobs.kafka.spark_io import _source_options
-
-        seen.update(_source_options(bootstrap, topics, kw["starting_offsets"], kw["options"], kw["role"]))
+        seen["given"] = dict(kw["options"] or {})
+        seen["source"] = _source_options(bootstrap, topics, kw["starting_offsets"], kw["options"], kw["role"])
         raise _Stop
 
     monkeypatch.setattr(job, "read_stream", fake_read_stream)
     with pytest.raises(_Stop):
-        job._input(None, job.DetectConfig(), ["events.raw"], real_time=real_time)
-    assert seen["kafka.fetch.max.wait.ms"] == wait_ms
-    assert seen["failOnDataLoss"] == "true"
+        job._input(None, cfg, ["events.raw"], real_time=real_time)
+    return seen["given"], seen["source"]
+
+
+@pytest.mark.parametrize(("real_time", "wait_ms"), [(False, "10"), (True, "500")])
+def test_each_query_waits_its_own_time_for_a_fetch(monkeypatch, real_time, wait_ms):
+    _, source = _source_options_of(monkeypatch, job.DetectConfig(), real_time=real_time)
+    assert source["kafka.fetch.max.wait.ms"] == wait_ms
+    assert source["failOnDataLoss"] == "true"
 
 
 def test_allow_data_loss_is_kept_beside_the_lanes_wait(monkeypatch):
-    seen: dict = {}
-
-    def fake_read_stream(spark, bootstrap, topics, **kw):  # noqa: ANN001, ANN003
-        seen.update(kw["options"])
-        raise _Stop
-
-    monkeypatch.setattr(job, "read_stream", fake_read_stream)
-    with pytest.raises(_Stop):
-        job._input(None, job.DetectConfig(fail_on_data_loss=False), ["events.raw"], real_time=True)
-    assert seen == {"failOnDataLoss": "false", "kafka.fetch.max.wait.ms": "500"}
+    given, _ = _source_options_of(monkeypatch, job.DetectConfig(fail_on_data_loss=False), real_time=True)
+    assert given == {"failOnDataLoss": "false", "kafka.fetch.max.wait.ms": "500"}
