@@ -76,7 +76,7 @@ from spark_jobs.streaming.registry import ROUTED_TOPIC, RuleProblem, RuleRegistr
 from spark_jobs.streaming.rule_versions import prune as prune_versions
 from spark_jobs.streaming.rule_versions import publish as publish_versions
 from spark_jobs.streaming.rules_source import RuleRow, read_snapshot, rows_of
-from spark_jobs.streaming.threshold_lane import LANE_SKIPPED, start_lane
+from spark_jobs.streaming.threshold_lane import LANE_BATCH_MS, LANE_SKIPPED, start_lane
 from spark_jobs.streaming.warmup import WarmWindows, unpack
 
 log = logging.getLogger(__name__)
@@ -124,6 +124,9 @@ class DetectConfig:
     # Where the threshold rules run: "micro-batch" (in the keyed query) or "real-time"
     # (a query of their own in Spark's real-time mode: threshold_lane.py).
     threshold_lane: str = "micro-batch"
+    # How long the real-time lane's batches last (threshold_lane.py): a threshold rule
+    # change waits for the next one; each batch costs its planning and task launches.
+    lane_batch_ms: int = LANE_BATCH_MS
 
     @property
     def state_dir(self) -> Path:
@@ -843,16 +846,20 @@ def run(cfg: DetectConfig, stop: threading.Event | None = None) -> int:
     from spark_jobs.spark import local_checkpoint_conf, session
 
     stop = stop or threading.Event()
+    # Set by a rule change read by the registry and by a signal: the loop below looks at
+    # once instead of at its next half second (a threshold change is due in the running
+    # lane within a second of its publish).
+    wake = threading.Event()
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: stop.set())
+            signal.signal(sig, lambda *_: (stop.set(), wake.set()))
     plan_layout(cfg)  # an old checkpoint fails here, before anything is started
     admin.create_topics(cfg.bootstrap, [cfg.sink_topic, cfg.shadow_topic, cfg.dead_letter_topic, cfg.status_topic,
                                          cfg.rules_topic, cfg.warmup_topic],
                         role=ROLE)
     dlq = Producer(with_bootstrap(cfg.bootstrap, ROLE))
     registry = RuleRegistry(cfg.bootstrap, cfg.state_dir, cfg.rules_topic, role=ROLE,
-                            on_problem=lambda p: report_rule_problem(cfg, dlq, p))
+                            on_problem=lambda p: report_rule_problem(cfg, dlq, p), on_change=wake.set)
     registry.start()
     delay = job_watermark_delay_s(list(registry.current().rules.values()))
     topics = source_topics(cfg, registry.current().topics())
@@ -900,7 +907,8 @@ def run(cfg: DetectConfig, stop: threading.Event | None = None) -> int:
     try:
         while True:
             while query.isActive and not stop.is_set():
-                stop.wait(0.5)
+                wake.wait(0.5)
+                wake.clear()
                 p = query.lastProgress
                 if p is not None and p.get("batchId") != last_batch:
                     last_batch = p.get("batchId")

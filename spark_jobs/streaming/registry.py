@@ -3,9 +3,11 @@
 Flink broadcast state becomes a snapshot file here: a daemon thread reads the rules
 topic (assigned partitions, from the beginning: the topic is compacted and small),
 validates every message with the same pydantic model as `rulectl validate`, and
-atomically replaces `rules.json` in the job's state directory. The query's static
-rules DataFrame re-reads that file at every micro-batch, so each batch sees one
-consistent rule set and a published change applies from the next batch, no restart.
+atomically replaces `rules.json` in the job's state directory, then tells the job
+(`on_change`), which publishes the new rule set as the next batch's version
+(rule_versions.py): a published change applies from the next batch, no restart. The
+thread waits for records in a long poll, so a change is read as soon as the broker
+has it and a quiet topic costs one fetch per `poll_interval_s`.
 
 An invalid message never replaces a good rule: it is reported (dead-letter topic and
 the job log) and the job keeps the rules it had. With a signing key (RULES_SIGNING_KEY_FILE,
@@ -24,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, Message, TopicPartition
 from pydantic import ValidationError
 
 from spark_jobs.kafka import admin
@@ -162,7 +164,8 @@ class RuleRegistry:
         state_dir: Path,
         topic: str = "rules.active",
         on_problem: Callable[[RuleProblem], None] | None = None,
-        poll_interval_s: float = 0.2,
+        poll_interval_s: float = 0.5,
+        on_change: Callable[[], None] | None = None,
         signing_key: bytes | None = None,
         role: str | None = None,
     ) -> None:
@@ -171,6 +174,7 @@ class RuleRegistry:
         self.state_dir = state_dir
         self.rules_file = state_dir / "rules.json"
         self.on_problem = on_problem
+        self.on_change = on_change
         self.poll_interval_s = poll_interval_s
         self._rules: dict[str, AnyRule] = {}
         self._seen: dict[str, tuple[str, str]] = {}
@@ -204,14 +208,19 @@ class RuleRegistry:
             self._consumer.assign([TopicPartition(self.topic, p, 0) for p in parts])
         return self._consumer
 
-    def refresh(self, timeout_s: float = 10.0) -> bool:
-        """Read every record up to the current end of the topic; True if rules changed."""
+    def refresh(self, timeout_s: float = 10.0, first: Message | None = None) -> bool:
+        """Read every record up to the current end of the topic (`first`: one the caller
+        has polled already); True if rules changed."""
         consumer = self._ensure_consumer()
         if self._probe is None:
             self._probe = admin.probe_consumer(self.bootstrap, role=self.role)
         ends = admin.end_offsets(self._probe, [(self.topic, p) for p in self._offsets])
         target = {p: hi for (_t, p), (_lo, hi) in ends.items()}
-        if not any(self._offsets[p] < target.get(p, 0) for p in self._offsets):
+
+        def behind() -> bool:
+            return any(self._offsets[p] < target.get(p, 0) for p in self._offsets)
+
+        if first is None and not behind():
             if not self.rules_file.exists():
                 self._write()
             return False
@@ -219,39 +228,45 @@ class RuleRegistry:
         # so per record a publish of 1,000 rules cost a million renderings (40 s).
         with self._lock:
             before = self._snapshot_text()
+        if first is not None:
+            self._take(first)
         deadline = time.monotonic() + timeout_s
-        while any(self._offsets[p] < target.get(p, 0) for p in self._offsets):
+        while behind():
             if time.monotonic() > deadline:
                 log.warning("rules registry: timed out reading %s", self.topic)
                 break
             msg = consumer.poll(0.2)
             if msg is None or msg.error():
                 continue
-            key = msg.key().decode("utf-8", errors="replace") if msg.key() is not None else None
-            try:
-                problem = self._unsigned(msg, key)
-                if problem is None:
-                    with self._lock:
-                        problem = apply_record(self._rules, key, msg.value(), msg.offset(), self._seen)
-            except Exception as exc:  # noqa: BLE001 - whatever it is, the record is skipped
-                problem = _problem(msg.offset(), key, "", f"invalid rule: cannot apply it ({exc!r:.300})")
-            # The offset moves on whatever happened to the record.
-            self._offsets[msg.partition()] = msg.offset() + 1
-            if problem is not None:
-                self.problems.append(problem)
-                del self.problems[:-1000]  # bounded; the count below keeps the total
-                self.problem_count += 1
-                log.error("%s offset %s: %s", self.topic, problem.offset, problem.reason[:500])
-                if self.on_problem:
-                    try:
-                        self.on_problem(problem)
-                    except Exception:  # reporting is best effort; the registry goes on
-                        log.exception("reporting a rule problem failed")
+            self._take(msg)
         with self._lock:
             after = self._snapshot_text()
         if after != before or not self.rules_file.exists():
             write_atomic(self.rules_file, after)
         return after != before
+
+    def _take(self, msg: Message) -> None:
+        """Apply one record of the topic, or report why it is not applied."""
+        key = msg.key().decode("utf-8", errors="replace") if msg.key() is not None else None
+        try:
+            problem = self._unsigned(msg, key)
+            if problem is None:
+                with self._lock:
+                    problem = apply_record(self._rules, key, msg.value(), msg.offset(), self._seen)
+        except Exception as exc:  # noqa: BLE001 - whatever it is, the record is skipped
+            problem = _problem(msg.offset(), key, "", f"invalid rule: cannot apply it ({exc!r:.300})")
+        # The offset moves on whatever happened to the record.
+        self._offsets[msg.partition()] = msg.offset() + 1
+        if problem is not None:
+            self.problems.append(problem)
+            del self.problems[:-1000]  # bounded; the count below keeps the total
+            self.problem_count += 1
+            log.error("%s offset %s: %s", self.topic, problem.offset, problem.reason[:500])
+            if self.on_problem:
+                try:
+                    self.on_problem(problem)
+                except Exception:  # reporting is best effort; the registry goes on
+                    log.exception("reporting a rule problem failed")
 
     def _unsigned(self, msg: object, key: str | None) -> RuleProblem | None:
         """A problem for a record the release path did not sign (when a key is set)."""
@@ -287,10 +302,16 @@ class RuleRegistry:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                self.refresh(timeout_s=5.0)
+                # A long poll: it returns with the first record the broker has, which
+                # the read to the topic's end then joins with the rest of its release.
+                msg = self._ensure_consumer().poll(self.poll_interval_s)
+                if msg is None or msg.error():
+                    continue
+                if self.refresh(timeout_s=5.0, first=msg) and self.on_change:
+                    self.on_change()
             except Exception:  # keep following; a broker hiccup must not kill the job
                 log.exception("rules registry refresh failed")
-            self._stop.wait(self.poll_interval_s)
+                self._stop.wait(self.poll_interval_s)
 
     def stop(self) -> None:
         self._stop.set()

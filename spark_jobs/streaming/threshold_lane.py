@@ -13,7 +13,7 @@ writes each record as it arrives. The lane is its own query beside the keyed one
     -> one detection record per (event, rule it passes) -> the sink; a record that
        is no event -> its dead letter
 
-A real-time batch lasts LANE_BATCH_S: a threshold rule change is published as the next
+A real-time batch lasts `lane_batch_ms` (LANE_BATCH_MS): a threshold rule change is published as the next
 version and the next batch takes it (no restart), and a batch run again after a crash
 takes the version it recorded, as the keyed lane's micro-batches do. The keyed lane
 then judges no threshold rule and dead-letters only the records it quarantined.
@@ -35,10 +35,12 @@ from spark_jobs.streaming.quarantine import OffsetRange, Quarantine
 if TYPE_CHECKING:
     from spark_jobs.streaming.job import DetectConfig
 
-# Seconds a real-time batch lasts: how long a rule change waits for the next one.
-# bench_live_floor.py --real-time measured the stateless floor's p99 the same with 1 s
-# and 20 s batches (docs/benchmarks.md).
-LANE_BATCH_S = 1
+# Milliseconds a real-time batch lasts by default (`rulectl detect --lane-batch-ms`): how
+# long a rule change waits for the next one at most (a threshold change is due in the
+# lane within a second of its publish). The stateless floor's p99 was the same with
+# 0.5, 1 and 20 s batches; an idle lane's batches cost CPU by the batch
+# (docs/benchmarks.md, `live_floor` and `lane_idle`; decision 0011).
+LANE_BATCH_MS = 500
 # The observed metric of the values the lane's rules could not read.
 LANE_SKIPPED = "skipped_lane"
 # Spark refuses real-time batches shorter than this setting (5 s by default).
@@ -75,12 +77,12 @@ def lane_records(spark: SparkSession, cfg: DetectConfig, topics: list[str],
 
 def start_lane(spark: SparkSession, cfg: DetectConfig, topics: list[str], role: str,
                quarantine: Quarantine) -> StreamingQuery:
-    spark.conf.set(MIN_BATCH_CONF, f"{LANE_BATCH_S * 1000}")
+    spark.conf.set(MIN_BATCH_CONF, str(cfg.lane_batch_ms))
     return (
         write_stream(lane_records(spark, cfg, topics, quarantine.active_ranges()), cfg.bootstrap, role=role)
         .option("checkpointLocation", str(cfg.checkpoint / "lane"))
         .outputMode("update")
-        .trigger(realTime=f"{LANE_BATCH_S} seconds")
+        .trigger(realTime=f"{cfg.lane_batch_ms} milliseconds")
         .queryName("threshold-lane")
         .start()
     )

@@ -1,7 +1,7 @@
 """Live job throughput and latency through the broker, mixed rule set.
 
     python tests/benchmarks/bench_detect.py [--rate 20000] [--seconds 60] [--users 2000] [--warmup 0]
-                                            [--rare-rules 0] [--rule-change]
+                                            [--rare-rules 0] [--rule-change | --rule-changes N]
 
 Starts an embedded broker and `rulectl detect` (local[2]), publishes 50 threshold +
 10 velocity + 2 correlation rules (the backtest benchmark's set), produces events at
@@ -18,7 +18,10 @@ rules each match little, so the detections stay about the same as N grows.
 (the same conditions, so the detections stay the same) and prints the seconds from the
 publish (acknowledged by the broker) to the first detection of a version 2 rule on the
 sink, to the status naming every version 2 rule, and whether the query ran on (its run
-id unchanged: no restart).
+id unchanged: no restart). `--rule-changes N` publishes N versions (2, 3, ...) spread
+evenly over the run and prints each one's seconds from its publish to its first
+detection, their median and their maximum: one change lands wherever it lands in the
+job's polls and batches, N of them show the spread.
 
 `--shadows N` also publishes a shadow (issue 39: `mode: shadow`, version 2, the same
 conditions) of N of the rules, of every kind (for 10: 5 threshold, 3 velocity, the 2
@@ -63,10 +66,10 @@ from spark_jobs.rules.model import parse_rule  # noqa: E402
 
 
 def consume_latencies(bootstrap: str, stop: threading.Event, out: list[float],
-                      first_v2: list[float] | None = None, by_type: dict[str, list[float]] | None = None) -> None:
+                      first_seen: dict[str, float] | None = None, by_type: dict[str, list[float]] | None = None) -> None:
     """Latencies (ms) from produce to the sink into `out` (and per rule type into
-    `by_type`); the time the first detection of a version "2" rule was read into
-    `first_v2`."""
+    `by_type`); the time the first detection of each rule version was read into
+    `first_seen` (version -> time)."""
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench", "enable.auto.commit": False})
     c.assign([TopicPartition("events.processed", 0, 0)])
     while not stop.is_set():
@@ -80,30 +83,47 @@ def consume_latencies(bootstrap: str, stop: threading.Event, out: list[float],
                 out.append(now - sent)
                 if by_type is not None:
                     by_type.setdefault(ev.get("rule_type", "?"), []).append(now - sent)
-            if first_v2 is not None and not first_v2 and ev.get("rule_version") == "2":
-                first_v2.append(time.time())
+            if first_seen is not None and ev.get("rule_version") not in first_seen:
+                first_seen[ev.get("rule_version")] = now / 1000
     c.close()
 
 
-def change_rules(job: DetectJob, bootstrap: str, rules: list, at_s: float, first_v2: list[float],
-                 out: dict) -> None:
-    """After `at_s` seconds: version 2 of every rule in `rules`, and how long
-    it took to reach the sink and the job's status (see the module's doc)."""
-    time.sleep(at_s)
+def change_rules(job: DetectJob, bootstrap: str, rules: list, seconds: float, changes: int,
+                 first_seen: dict[str, float], out: dict) -> None:
+    """`changes` times, evenly spread over `seconds`: the next version of every rule in
+    `rules` (2, 3, ...; the same conditions), each timed from its publish (acknowledged
+    by the broker) to its first detection on the sink, and the first also to the job's
+    status (see the module's doc)."""
     before = job.status()
-    changed = [r.model_copy(update={"version": "2"}) for r in rules]
-    t0 = time.time()
-    publish_rules(changed, bootstrap)
-    published = time.time()
-    ids = {r.rule_id for r in changed}
-    s = job.wait_for(lambda s: all(s["rule_versions"].get(i) == "2" for i in ids), timeout=300)
-    in_status = time.time()
-    while not first_v2 and time.time() - published < 300:
-        time.sleep(0.05)
-    out.update(changed_rules=len(changed), publish_s=round(published - t0, 2),
-               publish_to_status_s=round(in_status - published, 2),
-               publish_to_first_v2_detection_s=round(first_v2[0] - published, 2) if first_v2 else None,
+    start = time.time()
+    to_detection: list[float] = []
+    for k in range(changes):
+        # On a fixed schedule, whatever the earlier changes took: the last one still
+        # meets seconds / (changes + 1) of load.
+        time.sleep(max(0.0, start + seconds * (k + 1) / (changes + 1) - time.time()))
+        version = str(k + 2)
+        changed = [r.model_copy(update={"version": version}) for r in rules]
+        t0 = time.time()
+        publish_rules(changed, bootstrap)
+        published = time.time()
+        if k == 0:
+            ids = {r.rule_id for r in changed}
+            job.wait_for(lambda s, ids=ids: all(s["rule_versions"].get(i) == "2" for i in ids), timeout=300)
+            out.update(changed_rules=len(changed), publish_s=round(published - t0, 2),
+                       publish_to_status_s=round(time.time() - published, 2))
+        # The consumer thread stamps each version's first detection as it reads it.
+        while version not in first_seen and time.time() - published < seconds / (changes + 1):
+            time.sleep(0.05)
+        if version in first_seen:
+            to_detection.append(round(first_seen[version] - published, 2))
+    s = job.status()
+    out.update(publish_to_first_v2_detection_s=to_detection[0] if to_detection else None,
                run_id_kept=s["run_id"] == before["run_id"])
+    if changes > 1:
+        out.update(changes=changes, publish_to_first_detection_s=to_detection,
+                   detected_changes=len(to_detection),
+                   publish_to_first_detection_median_s=round(statistics.median(to_detection), 2) if to_detection else None,
+                   publish_to_first_detection_max_s=max(to_detection, default=None))
 
 
 RARE_SHARE = 1e-4  # of the events, per rare rule
@@ -203,7 +223,9 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=0, help="seconds of the same load first, left out of the figures")
     ap.add_argument("--timeout", type=int, default=1800, help="give up waiting for the job after this many seconds")
     ap.add_argument("--rare-rules", type=int, default=0, help="more threshold rules, each matching ~1 event in 10k")
-    ap.add_argument("--rule-change", action="store_true", help="publish version 2 of every threshold rule halfway")
+    ap.add_argument("--rule-change", action="store_true", help="publish version 2 of every rule halfway")
+    ap.add_argument("--rule-changes", type=int, default=0, metavar="N",
+                    help="publish N new versions of every rule, spread over the run, each timed to the sink")
     ap.add_argument("--threshold-lane", choices=["micro-batch", "real-time"], default="micro-batch",
                     help="rulectl detect --threshold-lane")
     ap.add_argument("--window-scale", type=float, default=1.0,
@@ -241,10 +263,10 @@ def main() -> None:
                         extra_args=("--threshold-lane", args.threshold_lane))
         job.start(timeout=300)
         lat: list[float] = []
-        first_v2: list[float] = []
+        first_seen: dict[str, float] = {}
         by_type: dict[str, list[float]] = {}
         stop = threading.Event()
-        t = threading.Thread(target=consume_latencies, args=(broker.bootstrap, stop, lat, first_v2, by_type),
+        t = threading.Thread(target=consume_latencies, args=(broker.bootstrap, stop, lat, first_seen, by_type),
                              daemon=True)
         t.start()
         if args.warmup:
@@ -256,15 +278,16 @@ def main() -> None:
         total = args.rate * args.seconds
         measured_from_ms = int(time.time() * 1000)
         change: dict = {}
-        changer = threading.Thread(target=change_rules, args=(job, broker.bootstrap, rules, args.seconds / 2,
-                                                               first_v2, change), daemon=True)
-        if args.rule_change:
+        changes = args.rule_changes or int(args.rule_change)
+        changer = threading.Thread(target=change_rules, args=(job, broker.bootstrap, rules, args.seconds, changes,
+                                                               first_seen, change), daemon=True)
+        if changes:
             changer.start()
         start = time.time()
         produced_s = produce_events(broker.bootstrap, args.rate, args.seconds, args.users, rare=args.rare_rules)
         wait_caught_up(job, args.timeout)
         done_s = time.time() - start
-        if args.rule_change:
+        if changes:
             changer.join(300)
         time.sleep(3)
         stop.set()

@@ -8,7 +8,7 @@ topic count, one after the other. `--jfr` also records the real-time lane's wind
 JDK Flight Recorder (jfr_profile.py): per thread group, where its samples land; its cores
 are then the lane's under the recorder.
 
-    .venv/bin/python tests/benchmarks/bench_lane_idle.py [--topics 2 130] [--jfr]
+    .venv/bin/python tests/benchmarks/bench_lane_idle.py [--topics 2 130] [--jfr] [--lanes real-time]
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from bench_idle_job import THREAD_GROUPS, _cpu, job_jvm  # noqa: E402
 from record import append_result  # noqa: E402
 
 from spark_jobs.streaming.job import LANE_FETCH  # noqa: E402
+from spark_jobs.streaming.threshold_lane import LANE_BATCH_MS  # noqa: E402
 
 
 def idle_cores(bootstrap: str, broker: int, lane: str, work: Path, args: argparse.Namespace,
@@ -51,6 +52,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=30)
     ap.add_argument("--seconds", type=float, default=30)
     ap.add_argument("--jfr", action="store_true", help="profile the real-time lane's window (JDK Flight Recorder)")
+    ap.add_argument("--lanes", nargs="+", choices=["micro-batch", "real-time"], default=["micro-batch", "real-time"])
     args = ap.parse_args()
     from spark_jobs.kafka.admin import TopicSpec, create_topics
     from spark_jobs.kafka.broker import EmbeddedBroker, free_port
@@ -67,7 +69,7 @@ def main() -> None:
                                        "conditions": [{"field": "amount", "operator": ">", "value": 100}]})
                            for t in topics], broker.bootstrap)
             profile: dict | None = {} if args.jfr else None
-            for lane in ("micro-batch", "real-time"):
+            for lane in args.lanes:
                 name = lane.replace("-", "_")
                 assert broker.pid is not None
                 figures[f"{name}_job_jvm_cores"], figures[f"{name}_broker_cores"] = idle_cores(
@@ -76,7 +78,8 @@ def main() -> None:
         if profile:
             print(json.dumps(profile, indent=1))
         append_result("lane_idle", {**figures, **({"profile": profile} if profile else {})}, partitions=n,
-                      seconds=args.seconds, jfr=args.jfr, lane_fetch_wait_ms=int(LANE_FETCH["kafka.fetch.max.wait.ms"]))
+                      seconds=args.seconds, jfr=args.jfr, lane_fetch_wait_ms=int(LANE_FETCH["kafka.fetch.max.wait.ms"]),
+                      lane_batch_ms=LANE_BATCH_MS)
 
 
 if __name__ == "__main__":

@@ -125,13 +125,13 @@ def floors(bootstrap: str, work: Path, args: argparse.Namespace) -> dict[str, di
     from spark_jobs.kafka.spark_io import read_stream, write_stream
     from spark_jobs.spark import session
     from spark_jobs.streaming.job import STATE_STORE
-    from spark_jobs.streaming.threshold_lane import LANE_BATCH_S, MIN_BATCH_CONF
+    from spark_jobs.streaming.threshold_lane import LANE_BATCH_MS, MIN_BATCH_CONF
 
     create_topics(bootstrap, ["floor.stateless", "floor.keyed"])
     spark = session("lanes-floor", streaming=True, extra={
         "spark.sql.streaming.stateStore.providerClass": STATE_STORE,
         "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
-        MIN_BATCH_CONF: str(LANE_BATCH_S * 1000)})
+        MIN_BATCH_CONF: str(LANE_BATCH_MS)})
     out: dict[str, dict] = {}
 
     def parsed():
@@ -142,7 +142,7 @@ def floors(bootstrap: str, work: Path, args: argparse.Namespace) -> dict[str, di
         return (write_stream(parsed().select(F.lit("floor.stateless").alias("topic"), F.col("raw").alias("value")),
                              bootstrap)
                 .outputMode("update").option("checkpointLocation", str(work / f"floor-stateless-{name}"))
-                .trigger(realTime=f"{LANE_BATCH_S} seconds").start())
+                .trigger(realTime=f"{LANE_BATCH_MS} milliseconds").start())
 
     def keyed_floor(name: str):
         counts = parsed().select(field(F.col("v"), "user_id").cast("string").alias("user_id"),

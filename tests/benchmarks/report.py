@@ -79,7 +79,8 @@ BENCHES = {
         "Live throughput and latency: an embedded broker and `rulectl detect`, events produced at a target "
         "rate; the sustained rate and p50/p99 produce-to-detection latency; `--warmup S` leaves a first load out; "
         "`--rare-rules N` adds N threshold rules that each match about one event in ten thousand; "
-        "`--rule-change` publishes version 2 of every threshold rule halfway and times it to the sink; "
+        "`--rule-change` publishes version 2 of every rule halfway and times it to the sink; `--rule-changes N` "
+        "publishes N versions spread over the run (median and maximum of their times); "
         "`--threshold-lane real-time` runs the threshold rules in the real-time lane; `--window-scale F` scales "
         "the velocity windows; `--event-log` writes "
         "Spark's event log and reads the keyed query's CPU per batch, stage by stage, from it (stage_times.py).",
@@ -92,6 +93,9 @@ BENCHES = {
          ("rule_change_changed_rules", "rules changed"),
          ("rule_change_publish_to_first_v2_detection_s", "publish → first new-version detection s"),
          ("rule_change_query_restarts", "query restarts for it"),
+         ("rule_change_changes", "rule changes"),
+         ("rule_change_publish_to_first_detection_median_s", "publish → first detection, median s"),
+         ("rule_change_publish_to_first_detection_max_s", "publish → first detection, max s"),
          ("keyed_stages.scan.cpu_ms_mean", "keyed batch CPU ms: scan"),
          ("keyed_stages.first operator.cpu_ms_mean", "first operator"),
          ("keyed_stages.second operator.cpu_ms_mean", "second operator")]),
@@ -207,10 +211,12 @@ BENCHES = {
         "bench_lane_idle.py",
         "An idle detection job (a threshold rule on each of N one-partition topics, no events) with its threshold "
         "rules in the micro-batch query and in the real-time lane, which keeps a task per source partition running: "
-        "the job JVM's cores, and the broker's over the same window (later rows).",
+        "the job JVM's cores, and the broker's over the same window (later rows); `--lanes real-time` measures "
+        "the lane only.",
         f"{PY}bench_lane_idle.py --topics 2 130",
         [("partitions", "source partitions"), ("seconds", "seconds"),
-         ("jfr", "real-time lane under JDK Flight Recorder"), ("lane_fetch_wait_ms", "lane's fetch wait ms")],
+         ("jfr", "real-time lane under JDK Flight Recorder"), ("lane_fetch_wait_ms", "lane's fetch wait ms"),
+         ("lane_batch_ms", "lane's batch ms")],
         [("micro_batch_job_jvm_cores", "micro-batch: job JVM cores"), ("micro_batch_broker_cores", "broker cores"),
          ("real_time_job_jvm_cores", "real-time lane: job JVM cores"), ("real_time_broker_cores", "broker cores")]),
     "job_start": Bench(
